@@ -1,0 +1,93 @@
+"""Where things live on a host, and the fixed conventions of a session."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VENV = Path(os.environ.get("DRUMS_VENV", "/opt/drums/venv"))
+CRIU_PREFIX = Path(os.environ.get("DRUMS_CRIU_PREFIX", "/opt/drums/criu"))
+CRIU_BIN = Path(os.environ.get("DRUMS_CRIU", str(CRIU_PREFIX / "usr/sbin/criu")))
+PYCRIU_PATH = CRIU_PREFIX / "usr/lib/python3/dist-packages"
+STATE_ROOT = Path(os.environ.get("DRUMS_STATE_ROOT", "/run/drums"))
+X11_DIR = Path("/tmp/.X11-unix")
+
+SESSION_USER = "user"
+SESSION_UID = 1000
+SESSION_PASSWORD = "password"
+SESSION_PATH = f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Reject hostile names (path separators, '..', control characters) with InvalidArgument."""
+    from .errors import InvalidArgument
+
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise InvalidArgument(f"invalid {what} {name!r}: use letters, digits, '_', '.', ':', '-' (no '/', no '..')",
+                              reason="INVALID_NAME")
+    return name
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One daemon's world: its state directory, socket, slot range and nftables table."""
+
+    name: str = "default"
+    slot_base: int = 0
+    slot_count: int = 64
+    state_root: Path = field(default=STATE_ROOT)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.state_root / self.name
+
+    @property
+    def socket(self) -> Path:
+        return self.state_dir / "drumsd.sock"
+
+    @property
+    def ledger_root(self) -> Path:
+        return self.state_dir / "ledger"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.state_dir / "snapshots"
+
+    @property
+    def images_dir(self) -> Path:
+        return self.state_dir / "images"
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "drumsd.log"
+
+
+def instance_from_env() -> Instance:
+    name = os.environ.get("DRUMS_INSTANCE", "default")
+    base = int(os.environ.get("DRUMS_SLOT_BASE", "0"))
+    count = int(os.environ.get("DRUMS_SLOT_COUNT", "64"))
+    return Instance(name=check_name(name, "instance"), slot_base=base, slot_count=count)
+
+
+def slot_addresses(slot: int) -> tuple[str, str]:
+    """(host, guest) addresses of a slot's link-local /30."""
+    if not 0 <= slot < 16384:
+        raise ValueError(f"slot {slot} out of range")
+    third, fourth = divmod(slot, 64)
+    base = fourth * 4
+    return f"169.254.{third}.{base + 1}", f"169.254.{third}.{base + 2}"
+
+
+def host_ifname(slot: int) -> str:
+    return f"dvh{slot}"
+
+
+def display_number(slot: int) -> int:
+    return 100 + slot

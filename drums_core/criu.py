@@ -1,0 +1,163 @@
+"""The one adapter between Drums and CRIU: pycriu's RPC over ``criu swrk`` with the provisioned binary.
+
+CRIU's log goes to a FIFO in the operation's work directory; a thread drains it, so a failure
+carries CRIU's own error lines (pycriu itself only reports an errno). Options are pinned here and
+nowhere else.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import CRIU_BIN, PYCRIU_PATH
+from .errors import Internal, Unavailable
+
+try:
+    import pycriu  # noqa: F401
+except ImportError:  # the venv's .pth normally provides it; fall back to the prefix
+    import sys
+
+    sys.path.append(str(PYCRIU_PATH))
+    import pycriu  # noqa: F401
+import sys as _sys  # noqa: E402
+
+from pycriu import rpc_pb2 as rpc  # noqa: E402
+
+_pycriu_mod = _sys.modules["pycriu.criu"]  # the module; ``pycriu.criu`` is shadowed by the class
+
+LOG_NAME = "criu.log"
+
+
+@dataclass
+class CriuResult:
+    seconds: float
+    log: list[str] = field(default_factory=list)
+    pid: int | None = None
+
+
+class _LogPipe:
+    """A FIFO CRIU writes its log into, drained by a thread into memory."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.path = work_dir / LOG_NAME
+        if self.path.exists():
+            self.path.unlink()
+        os.mkfifo(self.path, 0o600)
+        self._rfd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._keep = os.open(self.path, os.O_WRONLY)  # keeps the reader from seeing EOF before CRIU opens it
+        os.set_blocking(self._rfd, True)
+        self.lines: list[str] = []
+        self._buf = b""
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._rfd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._buf += chunk
+        self.lines = self._buf.decode("utf-8", "replace").splitlines()
+
+    def close(self) -> list[str]:
+        os.close(self._keep)
+        self._thread.join(timeout=5)
+        os.close(self._rfd)
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        return self.lines
+
+
+def error_lines(log: list[str], limit: int = 12) -> list[str]:
+    errs = [line for line in log if "Error" in line or "error" in line.lower() and "rlimit" not in line]
+    return errs[-limit:] if errs else log[-limit:]
+
+
+def _base_opts(images_dir: Path, work_fd: int, log_level: int) -> "rpc.criu_opts":
+    opts = rpc.criu_opts()
+    opts.images_dir_fd = -1
+    opts.images_dir = str(images_dir)
+    opts.work_dir_fd = work_fd
+    opts.log_file = LOG_NAME
+    opts.log_level = log_level
+    opts.manage_cgroups = True
+    opts.manage_cgroups_mode = rpc.IGNORE
+    opts.network_lock = rpc.SKIP
+    opts.auto_ext_mnt = True
+    opts.ext_sharing = True
+    opts.ext_masters = True
+    opts.file_locks = True
+    opts.evasive_devices = True
+    return opts
+
+
+def _call(kind: str, opts, work_dir: Path) -> CriuResult:
+    client = pycriu.criu()
+    client.use_binary(str(CRIU_BIN))
+    client.opts.MergeFrom(opts)
+    pipe = _LogPipe(work_dir)
+    t0 = time.monotonic()
+    resp = None
+    failure: Exception | None = None
+    try:
+        resp = client.dump() if kind == "dump" else client.restore()
+    except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
+        failure = exc
+    finally:
+        log = pipe.close()
+    seconds = time.monotonic() - t0
+    if failure is not None:
+        errno = getattr(failure, "errno", None)
+        lines = error_lines(log)
+        raise Unavailable(f"criu {kind} failed (errno {errno}): {' | '.join(lines[-3:])}",
+                          reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
+    return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
+
+
+def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2) -> CriuResult:
+    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    try:
+        os.set_inheritable(work_fd, True)
+        opts = _base_opts(images_dir, work_fd, log_level)
+        opts.pid = pid
+        opts.leave_running = leave_running
+        opts.tcp_established = True
+        return _call("dump", opts, work_dir)
+    finally:
+        os.close(work_fd)
+
+
+def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2) -> CriuResult:
+    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    try:
+        os.set_inheritable(work_fd, True)
+        opts = _base_opts(images_dir, work_fd, log_level)
+        opts.root = str(root)
+        opts.tcp_established = True
+        opts.tcp_close = True
+        opts.rst_sibling = False
+        for inner, outer in veth_pairs.items():
+            pair = opts.veths.add()
+            pair.if_in = inner
+            pair.if_out = outer
+        res = _call("restore", opts, work_dir)
+        if not res.pid:
+            raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
+        return res
+    finally:
+        os.close(work_fd)
+
+
+def version() -> str:
+    import subprocess
+
+    out = subprocess.run([str(CRIU_BIN), "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.strip()

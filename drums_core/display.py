@@ -1,0 +1,153 @@
+"""The host's view of a session's X server: windows, screenshots, readiness.
+
+The daemon links each session's X socket into the host as ``/tmp/.X11-unix/X<display>``, so
+python-xlib connects with ``:<display>`` and nothing runs inside the session for a readiness check.
+"""
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from Xlib import X, display as xdisplay, error as xerror
+
+from .errors import Unavailable
+
+
+@dataclass
+class Window:
+    id: int
+    title: str
+    wm_class: str
+    mapped: bool
+
+
+def connect(number: int) -> xdisplay.Display:
+    try:
+        return xdisplay.Display(f":{number}")
+    except (xerror.DisplayError, OSError, ConnectionError) as exc:
+        raise Unavailable(f"X display :{number} not reachable: {exc}", reason="X_UNREACHABLE") from exc
+
+
+def _title(d: xdisplay.Display, win) -> str:
+    try:
+        prop = win.get_full_property(d.intern_atom("_NET_WM_NAME"), d.intern_atom("UTF8_STRING"))
+        if prop and prop.value:
+            v = prop.value
+            return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        name = win.get_wm_name()
+        if isinstance(name, bytes):
+            return name.decode("latin-1")
+        return name or ""
+    except xerror.XError:
+        return ""
+
+
+def windows(d: xdisplay.Display) -> list[Window]:
+    """Client windows: those on _NET_CLIENT_LIST plus any titled window two levels under the root
+    (top-levels and the clients inside window-manager frames)."""
+    root = d.screen().root
+    ids: list[int] = []
+    try:
+        prop = root.get_full_property(d.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
+        if prop is not None:
+            ids = list(prop.value)
+    except xerror.XError:
+        ids = []
+    try:
+        for top in root.query_tree().children:
+            ids.append(top.id)
+            try:
+                ids.extend(c.id for c in top.query_tree().children)
+            except xerror.XError:
+                continue
+    except xerror.XError:
+        pass
+    out: list[Window] = []
+    seen: set[int] = set()
+    for wid in ids:
+        if wid in seen:
+            continue
+        seen.add(wid)
+        win = d.create_resource_object("window", wid)
+        try:
+            attrs = win.get_attributes()
+            cls = win.get_wm_class() or ("", "")
+        except xerror.XError:
+            continue
+        title = _title(d, win)
+        if not title:
+            continue
+        out.append(Window(id=wid, title=title, wm_class=cls[1] or "", mapped=attrs.map_state == X.IsViewable))
+    return out
+
+
+def grab(d: xdisplay.Display) -> np.ndarray:
+    """The root window as an HxWx3 uint8 RGB array."""
+    screen = d.screen()
+    w, h = screen.width_in_pixels, screen.height_in_pixels
+    raw = screen.root.get_image(0, 0, w, h, X.ZPixmap, 0xFFFFFFFF).data
+    arr = np.frombuffer(raw, dtype=np.uint8).reshape(h, w, 4)
+    return arr[:, :, 2::-1].copy()
+
+
+def nonblank_fraction(arr: np.ndarray) -> float:
+    """Share of pixels that differ from the top-left pixel's colour (an empty screen is uniform)."""
+    ref = arr[0, 0]
+    return float(np.any(arr != ref, axis=2).mean())
+
+
+def png(arr: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonblank: float = 0.0,
+               alive=None) -> dict:
+    """Wait until a mapped window matches ``expect_title`` (any window when None) and the screen is not blank.
+
+    ``alive`` is a callable returning a reason string when the session died meanwhile.
+    Returns what was seen; raises Unavailable on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    d = None
+    last = "no X connection"
+    delay = 0.005
+    try:
+        while True:
+            if alive is not None:
+                dead = alive()
+                if dead:
+                    raise Unavailable(f"session died while waiting for readiness: {dead}", reason="SESSION_DIED")
+            try:
+                if d is None:
+                    d = connect(number)
+                wins = [w for w in windows(d) if w.mapped]
+                match = [w for w in wins if (expect_title is None or expect_title in w.title)]
+                if match:
+                    frac = nonblank_fraction(grab(d))
+                    if frac > min_nonblank:
+                        return {"window": match[0].title, "nonblank": frac}
+                    last = f"screen blank ({frac:.3f} <= {min_nonblank})"
+                else:
+                    last = f"no window matching {expect_title!r} among {[w.title for w in wins]}"
+            except Unavailable as exc:
+                last = str(exc)
+                d = None
+            except (xerror.XError, ConnectionError, OSError) as exc:
+                last = f"X error: {exc}"
+                d = None
+            if time.monotonic() > deadline:
+                raise Unavailable(f"desktop not ready after {timeout}s: {last}", reason="NOT_READY")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        if d is not None:
+            try:
+                d.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass

@@ -1,0 +1,88 @@
+"""The closed set of errors Drums raises, each with a contract.
+
+    DrumsError
+     +-- Unavailable         nothing happened, or everything the attempt did was rolled back
+     |                       (no mount, upper, link or process left); retrying is safe.
+     +-- Busy                another operation holds this session; retry later.
+     +-- FailedPrecondition  the request conflicts with the current state (e.g. a checkpoint
+     |                       id reused with other parameters); nothing changed.
+     +-- NotFound            the session or snapshot does not exist; nothing changed.
+     +-- InvalidArgument     the request is malformed (hostile name, bad option); nothing changed.
+     +-- Internal            may be partly applied; the session or snapshot is marked broken and
+                             must not be retried blindly (a dead guest, corrupt images, a bug).
+
+Each error carries a stable ``reason`` code for machines (``SESSION_BROKEN``,
+``SNAPSHOT_NOT_FOUND``, ``CRIU_FAILED``...) and, where a tool failed, its own lines in ``detail``.
+Over the daemon's socket they travel as ``{"code", "reason", "message", "detail"}`` and are
+rebuilt on the client side by :func:`from_wire`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class DrumsError(Exception):
+    code = "INTERNAL"
+    default_reason = "INTERNAL"
+
+    def __init__(self, message: str, *, reason: str | None = None, detail: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.detail = detail
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": self.code, "reason": self.reason, "message": self.message, "detail": self.detail}
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.reason}]"
+
+
+class Unavailable(DrumsError):
+    """Nothing happened, or everything the attempt did was rolled back. Retrying is safe."""
+
+    code = "UNAVAILABLE"
+    default_reason = "UNAVAILABLE"
+
+
+class Busy(DrumsError):
+    """Another operation holds this session. Nothing changed; retry later."""
+
+    code = "BUSY"
+    default_reason = "SESSION_BUSY"
+
+
+class FailedPrecondition(DrumsError):
+    """The request conflicts with the current state. Nothing changed."""
+
+    code = "FAILED_PRECONDITION"
+    default_reason = "FAILED_PRECONDITION"
+
+
+class NotFound(DrumsError):
+    """The named session or snapshot does not exist. Nothing changed."""
+
+    code = "NOT_FOUND"
+    default_reason = "NOT_FOUND"
+
+
+class InvalidArgument(DrumsError):
+    """The request is malformed. Nothing changed."""
+
+    code = "INVALID_ARGUMENT"
+    default_reason = "INVALID_ARGUMENT"
+
+
+class Internal(DrumsError):
+    """May be partly applied; the session or snapshot involved is marked broken. Do not retry blindly."""
+
+    code = "INTERNAL"
+    default_reason = "INTERNAL"
+
+
+_BY_CODE = {cls.code: cls for cls in (Unavailable, Busy, FailedPrecondition, NotFound, InvalidArgument, Internal)}
+
+
+def from_wire(payload: dict[str, Any]) -> DrumsError:
+    cls = _BY_CODE.get(payload.get("code", ""), Internal)
+    return cls(payload.get("message", "unknown error"), reason=payload.get("reason"), detail=payload.get("detail"))

@@ -1,0 +1,75 @@
+"""Thin ctypes wrappers for the Linux calls Python 3.11 lacks (mount, unshare, setns, pivot_root).
+
+Every wrapper raises OSError with the errno, so callers translate failures once, at their boundary.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_MEMORY_MERGE = 67
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode(), target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {fstype or ''} {source} on {target}",
+    )
+
+
+def umount(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def setns(fd: int, nstype: int = 0) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    _check(_libc.syscall(155, new_root.encode(), put_old.encode()), f"pivot_root {new_root}")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    _check(_libc.sethostname(raw, len(raw)), "sethostname")
+
+
+def prctl(option: int, arg2: int = 0) -> int:
+    return _check(_libc.prctl(option, ctypes.c_ulong(arg2), 0, 0, 0), f"prctl({option})")

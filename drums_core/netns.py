@@ -1,0 +1,127 @@
+"""Session networking: one veth pair per session, a link-local /30 per slot, one nftables table per run.
+
+Links and addresses go through pyroute2; the nftables table through ``nft`` (pyroute2's nftables
+support does not cover rule building). The inner side of a namespace is reached through
+``/proc/<pid>/ns/net`` with ``flags=0`` so a probe never creates a namespace.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from .errors import Internal, Unavailable
+
+GUEST_IFNAME = "eth0"
+
+
+def _ns_path(pid: int) -> str:
+    return f"/proc/{pid}/ns/net"
+
+
+def link_exists(ifname: str) -> bool:
+    with IPRoute() as ipr:
+        return bool(ipr.link_lookup(ifname=ifname))
+
+
+def wait_link_gone(ifname: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while link_exists(ifname):
+        if time.monotonic() > deadline:
+            raise Unavailable(f"link {ifname} is still present after {timeout}s", reason="LINK_BUSY")
+        time.sleep(0.02)
+
+
+def create_veth(ifname: str, pid: int) -> None:
+    """Create ``ifname`` on the host with its peer ``eth0`` already inside the session's netns."""
+    with IPRoute() as ipr:
+        try:
+            ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": GUEST_IFNAME, "net_ns_pid": pid})
+        except NetlinkError as exc:
+            raise Unavailable(f"cannot create veth {ifname}: {exc}", reason="NETLINK", detail={"errno": exc.code}) from exc
+
+
+def configure_host_side(ifname: str, host_addr: str) -> None:
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            raise Unavailable(f"link {ifname} vanished", reason="LINK_MISSING")
+        try:
+            ipr.flush_addr(index=idx[0])
+            ipr.addr("add", index=idx[0], address=host_addr, prefixlen=30)
+            ipr.link("set", index=idx[0], state="up")
+        except NetlinkError as exc:
+            raise Unavailable(f"cannot configure {ifname}: {exc}", reason="NETLINK", detail={"errno": exc.code}) from exc
+
+
+def configure_guest_side(pid: int, guest_addr: str, host_addr: str) -> None:
+    """Give the session's eth0 its slot address (replacing any address it was dumped with)."""
+    try:
+        with IPRoute(netns=_ns_path(pid), flags=0) as ipr:
+            lo = ipr.link_lookup(ifname="lo")
+            if lo:
+                ipr.link("set", index=lo[0], state="up")
+            idx = ipr.link_lookup(ifname=GUEST_IFNAME)
+            if not idx:
+                raise Unavailable(f"session netns of pid {pid} has no {GUEST_IFNAME}", reason="LINK_MISSING")
+            ipr.flush_addr(index=idx[0])
+            ipr.addr("add", index=idx[0], address=guest_addr, prefixlen=30)
+            ipr.link("set", index=idx[0], state="up")
+    except NetlinkError as exc:
+        raise Unavailable(f"cannot configure guest side of pid {pid}: {exc}", reason="NETLINK",
+                          detail={"errno": exc.code}) from exc
+
+
+def delete_link(ifname: str) -> bool:
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            return False
+        try:
+            ipr.link("del", index=idx[0])
+        except NetlinkError as exc:
+            if exc.code != 19:  # ENODEV: already gone
+                raise
+        return True
+
+
+def nft_table_exists(family: str, name: str) -> bool:
+    out = subprocess.run(["nft", "-j", "list", "tables"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return False
+    for item in json.loads(out.stdout).get("nftables", []):
+        t = item.get("table")
+        if t and t.get("family") == family and t.get("name") == name:
+            return True
+    return False
+
+
+def create_nft_table(name: str) -> None:
+    """Host reaches sessions; sessions reach neither each other nor anything else."""
+    ruleset = f"""
+table inet {name} {{
+    chain forward {{
+        type filter hook forward priority -10; policy accept;
+        iifname "dvh*" drop
+        oifname "dvh*" drop
+    }}
+    chain input {{
+        type filter hook input priority -10; policy accept;
+        iifname "dvh*" ct state established,related accept
+        iifname "dvh*" drop
+    }}
+}}
+"""
+    out = subprocess.run(["nft", "-f", "-"], input=ruleset, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise Internal(f"nft could not create table {name}: {out.stderr.strip()}", reason="NFT_FAILED")
+
+
+def delete_nft_table(name: str) -> bool:
+    if not nft_table_exists("inet", name):
+        return False
+    subprocess.run(["nft", "delete", "table", "inet", name], capture_output=True, check=False)
+    return True

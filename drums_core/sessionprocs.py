@@ -1,0 +1,122 @@
+"""What runs in a session, seen from the host: its processes, their identity and memory."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    nspid: int
+    comm: str
+    ppid: int
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    rparen = raw.rfind(")")
+    return [raw[: raw.find(" (")], raw[raw.find("(") + 1: rparen]] + raw[rparen + 2:].split()
+
+
+def starttime(pid: int) -> int:
+    f = _stat_fields(pid)
+    if f is None:
+        raise ProcessLookupError(pid)
+    return int(f[21])
+
+
+def is_alive(pid: int, start: int | None = None) -> bool:
+    """True when ``pid`` exists, is not a zombie, and (if given) started at ``start``."""
+    f = _stat_fields(pid)
+    if f is None or f[2] in ("Z", "X"):
+        return False
+    return start is None or int(f[21]) == start
+
+
+def wait_dead(pid: int, start: int | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while is_alive(pid, start):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _pidns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _nspid(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except OSError:
+        pass
+    return -1
+
+
+def session_processes(init_pid: int) -> list[ProcessInfo]:
+    """Every live process in the pid namespace whose init is ``init_pid``."""
+    ns = _pidns(init_pid)
+    if ns is None:
+        return []
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if _pidns(pid) != ns:
+            continue
+        f = _stat_fields(pid)
+        if f is None or f[2] in ("Z", "X"):
+            continue
+        out.append(ProcessInfo(pid=pid, nspid=_nspid(pid), comm=f[1], ppid=int(f[3])))
+    return sorted(out, key=lambda p: p.nspid)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def kill_tree_under(root: str) -> int:
+    """SIGKILL every live process whose root directory is ``root`` (or below). Returns how many."""
+    root = os.path.realpath(root)
+    victims = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            r = os.readlink(f"/proc/{pid}/root")
+        except OSError:
+            continue
+        if _under(r, root) and is_alive(pid):
+            victims.append((pid, starttime(pid)))
+    for pid, _start in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid, start in victims:
+        wait_dead(pid, start, 5)
+    return len(victims)
+
+
+def pss_kib(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

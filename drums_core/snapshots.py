@@ -1,0 +1,192 @@
+"""Snapshot records and their store: stage -> publish (atomic rename) -> commit (the record).
+
+On disk, under the state directory::
+
+    snapshots/.staging/<id>/{images/, layer/, work/}   being made; never served
+    snapshots/<id>/{images/, layer/, manifest.json}    published: files complete, manifest last
+    snapshots/<id>/COMMITTED                          committed: served to restores
+
+A snapshot is usable only on the boot it was made on (``boot_id``): CRIU images name kernel
+objects that do not survive a reboot.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+
+COMMITTED = "COMMITTED"
+MANIFEST = "manifest.json"
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    dfd = os.open(path.parent, os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass
+class Snapshot:
+    id: str
+    name: str | None
+    scope: str
+    session: str
+    image: str
+    layers: list[str]
+    parent: str | None
+    created: float
+    boot_id: str
+    size: int
+    params: dict
+    processes: list[list] = field(default_factory=list)
+    windows: list[str] = field(default_factory=list)
+    spec: dict = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    dump_seconds: float = 0.0
+    state: str = "published"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class SnapshotStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.staging_root = root / ".staging"
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+
+    def staging(self, sid: str) -> Path:
+        return self.staging_root / sid
+
+    def path(self, sid: str) -> Path:
+        return self.root / sid
+
+    def publish(self, snap: Snapshot) -> Path:
+        staged = self.staging(snap.id)
+        snap.files = {p.name: p.stat().st_size for p in sorted((staged / "images").iterdir()) if p.is_file()}
+        write_atomic(staged / MANIFEST, json.dumps(snap.to_dict(), indent=1))
+        final = self.path(snap.id)
+        os.rename(staged, final)
+        return final
+
+    def commit(self, sid: str) -> Snapshot:
+        final = self.path(sid)
+        snap = self._load(final)
+        self.verify(snap)
+        write_atomic(final / COMMITTED, json.dumps({"committed": time.time()}))
+        snap.state = "committed"
+        return snap
+
+    def verify(self, snap: Snapshot) -> None:
+        """Every image file is present at its recorded size; else Internal (the images are corrupt)."""
+        images = self.path(snap.id) / "images"
+        for name, size in snap.files.items():
+            p = images / name
+            try:
+                actual = p.stat().st_size
+            except FileNotFoundError:
+                raise Internal(f"snapshot {snap.id}: image file {name} is missing", reason="IMAGES_CORRUPT") from None
+            if actual != size:
+                raise Internal(f"snapshot {snap.id}: image file {name} is {actual} bytes, recorded {size}",
+                               reason="IMAGES_CORRUPT")
+        for layer in snap.layers:
+            if not Path(layer).is_dir():
+                raise Internal(f"snapshot {snap.id}: layer {layer} is missing", reason="IMAGES_CORRUPT")
+
+    def _load(self, d: Path) -> Snapshot:
+        try:
+            data = json.loads((d / MANIFEST).read_text())
+        except (OSError, ValueError) as exc:
+            raise Internal(f"snapshot manifest in {d} unreadable: {exc}", reason="MANIFEST_CORRUPT") from exc
+        snap = Snapshot(**data)
+        snap.state = "committed" if (d / COMMITTED).exists() else "published"
+        return snap
+
+    def get(self, sid: str, *, committed_only: bool = True) -> Snapshot:
+        d = self.path(sid)
+        if not (d / MANIFEST).exists():
+            raise NotFound(f"no snapshot {sid!r}", reason="SNAPSHOT_NOT_FOUND")
+        snap = self._load(d)
+        if committed_only and snap.state != "committed":
+            raise NotFound(f"snapshot {sid!r} is not committed", reason="SNAPSHOT_NOT_FOUND")
+        return snap
+
+    def list(self) -> list[Snapshot]:
+        out = []
+        for d in sorted(self.root.iterdir()):
+            if d.name.startswith(".") or not (d / MANIFEST).exists():
+                continue
+            try:
+                out.append(self._load(d))
+            except Internal:
+                continue
+        return sorted(out, key=lambda s: s.created)
+
+    def resolve(self, ref: str, scope: str | None = None) -> Snapshot:
+        """A snapshot by id, or the newest committed one with that name (in ``scope`` when given)."""
+        if not isinstance(ref, str) or not ref or "/" in ref or ".." in ref or "\x00" in ref:
+            raise InvalidArgument(f"invalid snapshot reference {ref!r}", reason="INVALID_NAME")
+        if (self.path(ref) / MANIFEST).exists():
+            snap = self.get(ref)
+        else:
+            named = [s for s in self.list() if s.name == ref and s.state == "committed"
+                     and (scope is None or s.scope == scope)]
+            if not named:
+                raise NotFound(f"no snapshot named {ref!r}" + (f" in scope {scope!r}" if scope else ""),
+                               reason="SNAPSHOT_NOT_FOUND")
+            snap = named[-1]
+        if snap.boot_id != boot_id():
+            raise FailedPrecondition(f"snapshot {snap.id} was made on another boot ({snap.boot_id})",
+                                     reason="SNAPSHOT_OTHER_BOOT")
+        return snap
+
+    def users_of(self, sid: str) -> list[str]:
+        layer = str(self.path(sid) / "layer")
+        return [s.id for s in self.list() if s.id != sid and layer in s.layers]
+
+    def delete(self, sid: str, in_use_by_sessions: list[str]) -> None:
+        snap = self.get(sid, committed_only=False)
+        children = self.users_of(sid)
+        if children or in_use_by_sessions:
+            raise FailedPrecondition(f"snapshot {sid} is in use by snapshots {children} and sessions "
+                                     f"{in_use_by_sessions}", reason="SNAPSHOT_IN_USE")
+        d = self.path(snap.id)
+        retired = self.root / f".rm-{snap.id}"
+        os.rename(d, retired)
+        shutil.rmtree(retired, ignore_errors=True)
+
+    def recover(self) -> dict:
+        """At daemon start: drop staging leftovers, commit published snapshots whose files verify."""
+        report = {"staging_removed": 0, "committed": 0, "broken": 0}
+        for d in list(self.staging_root.iterdir()):
+            shutil.rmtree(d, ignore_errors=True)
+            report["staging_removed"] += 1
+        for d in list(self.root.iterdir()):
+            if d.name.startswith(".rm-"):
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            if d.name.startswith(".") or not (d / MANIFEST).exists() or (d / COMMITTED).exists():
+                continue
+            try:
+                self.commit(d.name)
+                report["committed"] += 1
+            except Internal:
+                report["broken"] += 1
+        return report

@@ -1,0 +1,717 @@
+"""The Supervisor: makes sessions, checkpoints, restores and branches them, destroys them.
+
+One per host (per instance), living inside ``drumsd``. It owns every host-global resource: slots,
+display numbers, veth names and addresses, the nftables table. Every resource is recorded in the
+run's ledger before it is created and forgotten only after it is gone (plan, then apply), so the
+sweep can always finish what a crash left.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+
+from . import criu, display, faults, netns, rootfs
+from .config import (SESSION_PATH, SESSION_UID, SESSION_USER, VENV, X11_DIR, Instance, check_name,
+                     display_number, host_ifname, slot_addresses)
+from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from .ledger import Ledger
+from .sessionprocs import ProcessInfo, is_alive, kill_tree_under, session_processes, starttime, wait_dead
+from .snapshots import Snapshot, SnapshotStore, boot_id
+
+log = logging.getLogger("drums.supervisor")
+
+RETRY_LIMIT = 3
+
+
+class State(str, enum.Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    CHECKPOINTING = "CHECKPOINTING"
+    RESTORING = "RESTORING"
+    STOPPING = "STOPPING"
+    BROKEN = "BROKEN"
+
+
+@dataclass
+class SessionSpec:
+    """What a desktop is made of. ``programs`` are started by the session init after X and the WM."""
+
+    image: str = "default"
+    screen: tuple[int, int] = (1920, 1080)
+    window_manager: str = "openbox"
+    dbus: bool = True
+    programs: list[dict] = field(default_factory=list)
+    wait_port: int | None = None
+    reseed_path: str | None = None
+    expect_window: str | None = None
+    ready_timeout: float = 60.0
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "SessionSpec":
+        data = dict(data or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise InvalidArgument(f"unknown session spec fields: {sorted(unknown)}", reason="BAD_SPEC")
+        if "screen" in data:
+            w, h = data["screen"]
+            if not (64 <= int(w) <= 8192 and 64 <= int(h) <= 8192):
+                raise InvalidArgument(f"bad screen size {data['screen']}", reason="BAD_SPEC")
+            data["screen"] = (int(w), int(h))
+        spec = cls(**data)
+        check_name(spec.image, "image")
+        for prog in spec.programs:
+            if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name"):
+                raise InvalidArgument(f"bad program entry {prog!r}", reason="BAD_SPEC")
+            check_name(prog["name"], "program name")
+        return spec
+
+
+@dataclass
+class Session:
+    id: str
+    slot: int
+    state: State
+    spec: SessionSpec
+    dir: str
+    root: str
+    ifname: str
+    host_address: str
+    address: str
+    display: int
+    hostname: str
+    machine_id: str
+    created: float
+    init_pid: int = 0
+    init_start: int = 0
+    snapshot: str | None = None
+    layers: list[str] = field(default_factory=list)
+    broken: str | None = None
+    liveness: str = "unchecked"
+    timings: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def public(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "lock"}
+        d["state"] = self.state.value
+        d["spec"] = asdict(self.spec)
+        return d
+
+
+def _hex_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class Supervisor:
+    def __init__(self, instance: Instance, run: str | None = None, liveness_delay: float = 3.0) -> None:
+        self.instance = instance
+        self.run = run or f"{instance.name}-{_hex_id()}"
+        self.tag = f"drums:{self.run}"
+        self.liveness_delay = liveness_delay
+        self._lock = threading.RLock()
+        self.sessions: dict[str, Session] = {}
+        self._slots_in_use: set[int] = set()
+        self._retry_streak: dict[str, int] = {}
+        self._checkpoints: dict[tuple[str, str], threading.Event] = {}
+        self.counters = {"dumps": 0, "restores": 0}
+        instance.state_dir.mkdir(parents=True, exist_ok=True)
+        self.mounted_state = rootfs.ensure_tmpfs(instance.state_dir)
+        for d in (instance.sessions_dir, instance.snapshots_dir, instance.images_dir, instance.ledger_root):
+            d.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger.create(instance.ledger_root, self.run)
+        self.store = SnapshotStore(instance.snapshots_dir)
+        self.nft_table = f"drums_{self.run.replace('-', '_')}"[:60]
+        self.ledger.record("nft", f"inet/{self.nft_table}", family="inet", name=self.nft_table)
+        netns.create_nft_table(self.nft_table)
+
+    # ----------------------------------------------------------------- helpers
+    def _alloc_slot(self) -> int:
+        with self._lock:
+            for slot in range(self.instance.slot_base, self.instance.slot_base + self.instance.slot_count):
+                if slot not in self._slots_in_use:
+                    self._slots_in_use.add(slot)
+                    return slot
+        raise Unavailable(f"all {self.instance.slot_count} session slots are in use", reason="NO_SLOT")
+
+    def _free_slot(self, slot: int) -> None:
+        with self._lock:
+            self._slots_in_use.discard(slot)
+
+    def image_layer(self, image: str) -> Path:
+        check_name(image, "image")
+        layer = self.instance.images_dir / image / "layer"
+        with self._lock:
+            if not layer.is_dir():
+                layer.parent.mkdir(parents=True, exist_ok=True)
+                rootfs.build_image_layer(layer)
+        return layer
+
+    def get(self, sid: str) -> Session:
+        if not isinstance(sid, str):
+            raise InvalidArgument(f"invalid session id {sid!r}", reason="INVALID_NAME")
+        s = self.sessions.get(sid)
+        if s is None:
+            raise NotFound(f"no session {sid!r}", reason="SESSION_NOT_FOUND")
+        return s
+
+    def _usable(self, sid: str) -> Session:
+        s = self.get(sid)
+        if s.state == State.BROKEN:
+            raise Internal(f"session {sid} is broken: {s.broken}", reason="SESSION_BROKEN", detail=s.broken)
+        return s
+
+    def _new_session(self, spec: SessionSpec, slot: int, sid: str | None = None) -> Session:
+        sid = sid or _hex_id()
+        host_addr, guest_addr = slot_addresses(slot)
+        sdir = self.instance.sessions_dir / sid
+        return Session(id=sid, slot=slot, state=State.STARTING, spec=spec, dir=str(sdir), root=str(sdir / "root"),
+                       ifname=host_ifname(slot), host_address=host_addr, address=guest_addr,
+                       display=display_number(slot), hostname=f"drums-{sid}", machine_id=uuid.uuid4().hex,
+                       created=time.time())
+
+    def _record_session(self, s: Session) -> None:
+        self.ledger.record("session", s.id, dir=s.dir, root=s.root, slot=s.slot, ifname=s.ifname,
+                           init_pid=s.init_pid, starttime=s.init_start, state=s.state.value,
+                           snapshot=s.snapshot, spec=asdict(s.spec), address=s.address, hostname=s.hostname,
+                           layers=s.layers, display=s.display, machine_id=s.machine_id)
+
+    def _set_state(self, s: Session, state: State) -> None:
+        s.state = state
+        self.ledger.update("session", s.id, state=state.value, init_pid=s.init_pid, starttime=s.init_start,
+                           layers=s.layers, snapshot=s.snapshot)
+
+    def _init_spec(self, s: Session) -> dict:
+        return {"uid": SESSION_UID, "user": SESSION_USER, "home": f"/home/{SESSION_USER}", "path": SESSION_PATH,
+                "screen": list(s.spec.screen), "window_manager": s.spec.window_manager, "dbus": s.spec.dbus,
+                "programs": s.spec.programs, "session": s.id}
+
+    def _prepare_dirs(self, s: Session) -> tuple[Path, Path, Path]:
+        sdir = Path(s.dir)
+        self.ledger.record("dir", s.dir, session=s.id)
+        for sub in ("upper", "work", "root", "criu"):
+            (sdir / sub).mkdir(parents=True, exist_ok=True)
+        return sdir / "upper", sdir / "work", sdir / "root"
+
+    def _mount_root(self, s: Session, lowers: list) -> None:
+        upper, work, root = Path(s.dir) / "upper", Path(s.dir) / "work", Path(s.root)
+        self.ledger.record("mount", s.root, session=s.id)
+        rootfs.mount_overlay(lowers, upper, work, root)
+
+    def _x11_link(self, s: Session) -> None:
+        X11_DIR.mkdir(mode=0o1777, exist_ok=True)
+        link = X11_DIR / f"X{s.display}"
+        self.ledger.record("x11link", str(link), session=s.id)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0", link)
+
+    def _wire_network(self, s: Session, create: bool) -> None:
+        self.ledger.record("link", s.ifname, session=s.id)
+        if create:
+            netns.create_veth(s.ifname, s.init_pid)
+        netns.configure_host_side(s.ifname, f"{s.host_address}/30".split("/")[0])
+        netns.configure_guest_side(s.init_pid, s.address, s.host_address)
+
+    def _alive_reason(self, s: Session) -> str | None:
+        if not is_alive(s.init_pid, s.init_start):
+            return f"session init (pid {s.init_pid}) is gone"
+        return None
+
+    def _wait_port(self, s: Session, port: int, timeout: float) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            dead = self._alive_reason(s)
+            if dead:
+                raise Unavailable(f"session died while starting: {dead}", reason="SESSION_DIED")
+            try:
+                with socket.create_connection((s.address, port), timeout=0.5):
+                    return
+            except OSError as exc:
+                last = exc
+                time.sleep(0.02)
+        raise Unavailable(f"guest port {port} not answering after {timeout}s: {last}", reason="NOT_READY")
+
+    # ----------------------------------------------------------------- create
+    def create(self, spec: dict | SessionSpec | None = None) -> Session:
+        """Boot a cold session. Unavailable on any failure, after a full rollback."""
+        spec = spec if isinstance(spec, SessionSpec) else SessionSpec.from_dict(spec)
+        layer = self.image_layer(spec.image)
+        slot = self._alloc_slot()
+        s = self._new_session(spec, slot)
+        t0 = time.monotonic()
+        with self._lock:
+            self.sessions[s.id] = s
+        try:
+            self._record_session(s)
+            self._prepare_dirs(s)
+            self._mount_root(s, [layer, "/"])
+            rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, json.dumps(self._init_spec(s)))
+            netns.wait_link_gone(s.ifname)
+            s.init_pid = self._launch(s)
+            s.init_start = starttime(s.init_pid)
+            self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
+            self._wire_network(s, create=True)
+            self._x11_link(s)
+            display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s))
+            if spec.wait_port:
+                self._wait_port(s, spec.wait_port, spec.ready_timeout)
+            s.timings["ready"] = time.monotonic() - t0
+            s.liveness = "ok"
+            self._set_state(s, State.RUNNING)
+            log.info("session %s up in %.2fs at %s (run %s)", s.id, s.timings["ready"], s.address, self.run)
+            return s
+        except BaseException as exc:
+            self._teardown(s)
+            if isinstance(exc, DrumsError):
+                raise Unavailable(f"session start failed: {exc.message}", reason=exc.reason, detail=exc.detail) from exc
+            if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
+                raise Unavailable(f"session start failed: {exc}", reason="START_FAILED") from exc
+            raise
+
+    def _session_pythonpath(self) -> str | None:
+        here = Path(__file__).resolve().parent.parent
+        if any(str(here).startswith(p) for p in ("/tmp", "/run", "/dev", "/proc")):
+            return None
+        return str(here)
+
+    def _launch(self, s: Session) -> int:
+        spec = {"root": s.root, "uid": SESSION_UID, "hostname": s.hostname, "tag": self.tag, "session": s.id,
+                "python": str(VENV / "bin/python"), "path": SESSION_PATH, "pythonpath": self._session_pythonpath()}
+        pp = spec["pythonpath"]
+        launch_file = Path(s.dir) / "launch.json"
+        launch_file.write_text(json.dumps(spec))
+        env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8"}
+        if pp:
+            env["PYTHONPATH"] = pp
+        out = subprocess.run([sys.executable, "-m", "drums_core.launch", str(launch_file)], capture_output=True,
+                             text=True, timeout=30, env=env, cwd="/")
+        if out.returncode != 0:
+            raise Unavailable(f"session launcher failed: {out.stderr.strip()[-2000:]}", reason="LAUNCH_FAILED")
+        return int(out.stdout.strip().splitlines()[-1])
+
+    # ----------------------------------------------------------------- teardown
+    def _teardown(self, s: Session) -> dict:
+        """Remove everything a session holds, forgetting each resource once it is gone."""
+        counts = {"processes": 0, "mounts": 0, "links": 0}
+        if s.init_pid and is_alive(s.init_pid, s.init_start):
+            try:
+                os.kill(s.init_pid, signal.SIGKILL)
+                counts["processes"] += 1
+            except ProcessLookupError:
+                pass
+            faults.hit("destroy-after-kill")
+        if s.init_pid:
+            wait_dead(s.init_pid, s.init_start, timeout=10)
+        counts["processes"] += kill_tree_under(s.root)
+        link = X11_DIR / f"X{s.display}"
+        if self.ledger.get("x11link", str(link)):
+            if link.is_symlink():
+                link.unlink()
+            self.ledger.forget("x11link", str(link))
+        if Path(s.dir).exists():
+            counts["mounts"] += rootfs.unmount_tree(Path(s.dir))
+        self.ledger.forget("mount", s.root)
+        faults.hit("destroy-after-unmount")
+        if self.ledger.get("link", s.ifname):
+            try:
+                netns.wait_link_gone(s.ifname, timeout=3)
+            except Unavailable:
+                netns.delete_link(s.ifname)
+                netns.wait_link_gone(s.ifname, timeout=5)
+                counts["links"] += 1
+            self.ledger.forget("link", s.ifname)
+        if s.init_pid:
+            self.ledger.forget("process", s.id)
+        if Path(s.dir).exists():
+            shutil.rmtree(s.dir, ignore_errors=True)
+        self.ledger.forget("dir", s.dir)
+        self.ledger.forget("session", s.id)
+        with self._lock:
+            self.sessions.pop(s.id, None)
+        self._free_slot(s.slot)
+        return counts
+
+    def destroy(self, sid: str) -> dict:
+        s = self.get(sid)
+        if not s.lock.acquire(timeout=30):
+            raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+        try:
+            s.state = State.STOPPING
+            self.ledger.update("session", s.id, state=State.STOPPING.value)
+            return self._teardown(s)
+        finally:
+            s.lock.release()
+
+    # ----------------------------------------------------------------- checkpoint
+    def checkpoint(self, sid: str, name: str | None = None, snapshot_id: str | None = None,
+                   leave_running: bool = False, scope: str | None = None) -> Snapshot:
+        """CRIU-dump the session and freeze its upper into a layer; idempotent on (session, snapshot id)."""
+        if name is not None:
+            check_name(name, "snapshot name")
+        if snapshot_id is not None:
+            check_name(snapshot_id, "snapshot id")
+        params = {"session": sid, "name": name, "leave_running": bool(leave_running), "scope": scope or sid}
+        snap_id = snapshot_id or uuid.uuid4().hex
+        existing = self._existing_checkpoint(snap_id, params)
+        if existing is not None:
+            return existing
+        s = self._usable(sid)
+        if not s.lock.acquire(blocking=False):
+            raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+        try:
+            existing = self._existing_checkpoint(snap_id, params)
+            if existing is not None:
+                return existing
+            return self._checkpoint_locked(s, snap_id, name, params, leave_running)
+        finally:
+            s.lock.release()
+
+    def _existing_checkpoint(self, snap_id: str, params: dict) -> Snapshot | None:
+        try:
+            snap = self.store.get(snap_id, committed_only=False)
+        except NotFound:
+            return None
+        if snap.params != params:
+            raise FailedPrecondition(f"snapshot id {snap_id} exists with other parameters {snap.params}",
+                                     reason="SNAPSHOT_ID_CONFLICT")
+        if snap.boot_id != boot_id():
+            raise FailedPrecondition(f"snapshot {snap_id} is from another boot", reason="SNAPSHOT_OTHER_BOOT")
+        if snap.state != "committed":
+            snap = self.store.commit(snap_id)
+        return snap
+
+    def _checkpoint_locked(self, s: Session, snap_id: str, name: str | None, params: dict,
+                           leave_running: bool) -> Snapshot:
+        t0 = time.monotonic()
+        self._set_state(s, State.CHECKPOINTING)
+        staging = self.store.staging(snap_id)
+        self.ledger.record("dir", str(staging), snapshot=snap_id)
+        self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, phase="staging")
+        faults.hit("checkpoint-before-staging")
+        (staging / "images").mkdir(parents=True, exist_ok=True)
+        (staging / "work").mkdir(exist_ok=True)
+        procs = [[p.nspid, p.comm] for p in session_processes(s.init_pid)]
+        try:
+            d = display.connect(s.display)
+            try:
+                titles = [w.title for w in display.windows(d) if w.mapped and w.title]
+            finally:
+                d.close()
+        except Exception:  # noqa: BLE001 - window titles are a readiness hint only
+            titles = []
+        # The veth leaves before the dump: CRIU cannot re-create a veth from inside a user namespace
+        # (EOPNOTSUPP), and every restore gets a fresh pair anyway.
+        netns.delete_link(s.ifname)
+        netns.wait_link_gone(s.ifname)
+        try:
+            res = criu.dump(s.init_pid, staging / "images", staging / "work")
+        except Unavailable as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.ledger.forget("op", f"checkpoint/{snap_id}")
+            self.ledger.forget("dir", str(staging))
+            if is_alive(s.init_pid, s.init_start):
+                self._wire_network(s, create=True)
+                self._set_state(s, State.RUNNING)
+                raise
+            self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
+            raise Internal(f"checkpoint of {s.id} failed and the session is gone: {exc.message}",
+                           reason="CHECKPOINT_FAILED", detail=exc.detail) from exc
+        self.counters["dumps"] += 1
+        faults.hit("checkpoint-after-dump")
+        wait_dead(s.init_pid, s.init_start, timeout=10)
+        rootfs.unmount_tree(Path(s.root))
+        self.ledger.forget("mount", s.root)
+        os.rename(Path(s.dir) / "upper", staging / "layer")
+        faults.hit("checkpoint-mid-freeze")
+        shutil.rmtree(staging / "work", ignore_errors=True)
+        layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
+        snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
+                        layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(),
+                        size=rootfs.dir_size(staging), params=params, processes=procs, windows=titles,
+                        spec=asdict(s.spec), dump_seconds=res.seconds)
+        faults.hit("checkpoint-staged")
+        self.store.publish(snap)
+        self.ledger.forget("dir", str(staging))
+        faults.hit("checkpoint-published")
+        snap = self.store.commit(snap_id)
+        self.ledger.forget("op", f"checkpoint/{snap_id}")
+        faults.hit("checkpoint-committed")
+        log.info("checkpoint %s of %s: dump %.3fs, %d MiB", snap_id, s.id, res.seconds, snap.size >> 20)
+        old_slot = s.slot
+        with self._lock:
+            self._slots_in_use.add(old_slot)
+        self._teardown(s)
+        if leave_running:
+            with self._lock:
+                self._slots_in_use.add(old_slot)
+            new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
+                                    machine_id=s.machine_id, count_retry=False)
+            new.timings["checkpoint"] = time.monotonic() - t0
+        return snap
+
+    # ----------------------------------------------------------------- restore
+    def restore(self, ref: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
+                scope: str | None = None) -> list[Session]:
+        """Restore ``count`` siblings of a snapshot at once (a branch). All or nothing."""
+        if not isinstance(count, int) or not 1 <= count <= self.instance.slot_count:
+            raise InvalidArgument(f"count must be 1..{self.instance.slot_count}", reason="BAD_COUNT")
+        snap = self.store.resolve(ref, scope)
+        results: list[Session | BaseException | None] = [None] * count
+
+        def one(i: int) -> None:
+            try:
+                results[i] = self._restore_counted(snap, wait_live=wait_live, expect_window=expect_window)
+            except BaseException as exc:  # noqa: BLE001 - collected and re-raised below
+                results[i] = exc
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for r in results:
+                if isinstance(r, Session):
+                    try:
+                        self.destroy(r.id)
+                    except DrumsError:
+                        pass
+            raise errors[0]
+        return [r for r in results if isinstance(r, Session)]
+
+    def _restore_counted(self, snap: Snapshot, **kw) -> Session:
+        try:
+            s = self._restore_one(snap, **kw)
+        except Unavailable as exc:
+            with self._lock:
+                streak = self._retry_streak.get(snap.id, 0) + 1
+                self._retry_streak[snap.id] = streak
+            if streak >= RETRY_LIMIT:
+                with self._lock:
+                    self._retry_streak[snap.id] = 0
+                raise Internal(f"restore of {snap.id} failed {streak} times in a row: {exc.message}",
+                               reason="RETRIES_EXHAUSTED", detail=exc.detail) from exc
+            raise
+        except DrumsError:
+            with self._lock:
+                self._retry_streak[snap.id] = 0
+            raise
+        with self._lock:
+            self._retry_streak[snap.id] = 0
+        return s
+
+    def _restore_one(self, snap: Snapshot, slot: int | None = None, sid: str | None = None, reseed: bool = True,
+                     hostname: str | None = None, machine_id: str | None = None, wait_live: bool = False,
+                     expect_window: str | None = None, count_retry: bool = True) -> Session:
+        spec = SessionSpec.from_dict(snap.spec)
+        layer = self.image_layer(spec.image)
+        self.store.verify(snap)
+        slot = self._alloc_slot() if slot is None else slot
+        s = self._new_session(spec, slot, sid)
+        if hostname:
+            s.hostname = hostname
+        if machine_id:
+            s.machine_id = machine_id
+        s.snapshot = snap.id
+        s.layers = list(snap.layers)
+        s.state = State.RESTORING
+        t0 = time.monotonic()
+        with self._lock:
+            self.sessions[s.id] = s
+        try:
+            self._record_session(s)
+            faults.hit("restore-before-overlay")
+            self._prepare_dirs(s)
+            self._mount_root(s, [*snap.layers, layer, "/"])
+            faults.hit("restore-after-overlay")
+            netns.wait_link_gone(s.ifname)
+            faults.arm_criu_timer()
+            try:
+                res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {})
+            finally:
+                faults.disarm_criu_timer()
+            self.counters["restores"] += 1
+            s.timings["criu"] = res.seconds
+            s.init_pid = res.pid
+            s.init_start = starttime(s.init_pid)
+            self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
+            faults.hit("restore-after-criu")
+            self._wire_network(s, create=True)
+            s.timings["network"] = time.monotonic() - t0
+            if reseed:
+                self._reseed(s)
+            else:
+                rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
+            self._x11_link(s)
+            faults.hit("restore-after-register")
+            expect = expect_window if expect_window is not None else (spec.expect_window or
+                                                                       (snap.windows[0] if snap.windows else None))
+            display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s))
+            if spec.wait_port:
+                self._wait_port(s, spec.wait_port, spec.ready_timeout)
+            s.timings["ready"] = time.monotonic() - t0
+            self._set_state(s, State.RUNNING)
+        except BaseException as exc:
+            self._teardown(s)
+            faults.hit("restore-teardown-done")
+            if isinstance(exc, DrumsError):
+                if isinstance(exc, Unavailable) or exc.reason in ("LINK_BUSY",):
+                    raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc.message}",
+                                      reason=exc.reason, detail=exc.detail) from exc
+                raise
+            if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
+                raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc}",
+                                  reason="RESTORE_FAILED") from exc
+            raise
+        expected = [tuple(p) for p in snap.processes]
+        if wait_live:
+            time.sleep(self.liveness_delay)
+            dead = self._check_liveness(s, expected)
+            if dead:
+                self._teardown(s)
+                raise Internal(f"restored session {s.id} failed its liveness check: {dead}",
+                               reason="LIVENESS_FAILED", detail=dead)
+        else:
+            threading.Thread(target=self._liveness_later, args=(s, expected), daemon=True).start()
+        log.info("restored %s from %s in %.3fs (criu %.3fs)", s.id, snap.id, s.timings["ready"], res.seconds)
+        return s
+
+    def _reseed(self, s: Session) -> None:
+        faults.hit("restore-mid-reseed")
+        rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
+        out = subprocess.run(["nsenter", "-t", str(s.init_pid), "-u", "hostname", s.hostname],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            raise Unavailable(f"could not set hostname: {out.stderr.strip()}", reason="RESEED_FAILED")
+        if s.spec.reseed_path and s.spec.wait_port:
+            url = f"http://{s.address}:{s.spec.wait_port}{s.spec.reseed_path}"
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    r = requests.post(url, timeout=5)
+                    if r.status_code == 200:
+                        s.timings["reseed_draw"] = r.json().get("draw")
+                        break
+                    raise Unavailable(f"reseed hook answered {r.status_code}", reason="RESEED_FAILED")
+                except requests.RequestException as exc:
+                    if time.monotonic() > deadline:
+                        raise Unavailable(f"reseed hook unreachable: {exc}", reason="RESEED_FAILED") from exc
+                    time.sleep(0.02)
+
+    def _check_liveness(self, s: Session, expected: list[tuple]) -> str | None:
+        if not is_alive(s.init_pid, s.init_start):
+            return f"session init (pid {s.init_pid}) died"
+        now = {(p.nspid, p.comm) for p in session_processes(s.init_pid)}
+        missing = [f"{comm} (pid {nspid} in session)" for nspid, comm in expected if (nspid, comm) not in now]
+        if missing:
+            return "process died after restore: " + ", ".join(missing)
+        return None
+
+    def _liveness_later(self, s: Session, expected: list[tuple]) -> None:
+        time.sleep(self.liveness_delay)
+        if self.sessions.get(s.id) is not s or s.state != State.RUNNING:
+            return
+        dead = self._check_liveness(s, expected)
+        if dead:
+            self._mark_broken(s, dead)
+        else:
+            s.liveness = "ok"
+
+    def wait_live(self, sid: str, timeout: float = 30.0) -> Session:
+        s = self.get(sid)
+        deadline = time.monotonic() + timeout
+        while s.liveness == "unchecked" and s.state != State.BROKEN and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self._usable(sid)
+
+    def _mark_broken(self, s: Session, reason: str) -> None:
+        s.broken = reason
+        s.liveness = "failed"
+        s.state = State.BROKEN
+        try:
+            self.ledger.update("session", s.id, state=State.BROKEN.value, broken=reason)
+        except Exception:  # noqa: BLE001 - the in-memory mark is what callers see
+            log.exception("could not record broken state of %s", s.id)
+        log.error("session %s broken: %s", s.id, reason)
+
+    # ----------------------------------------------------------------- in-session access
+    def exec(self, sid: str, argv: list[str], user: str | None = None, timeout: float = 120.0,
+             input: str | None = None) -> dict:
+        s = self._usable(sid)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
+        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "--preserve-credentials", "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
+        if user not in (None, "root"):
+            if user != SESSION_USER:
+                raise InvalidArgument(f"unknown user {user!r}", reason="BAD_USER")
+            cmd += ["-S", str(SESSION_UID), "-G", str(SESSION_UID)]
+            env.update({"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
+                        "XDG_RUNTIME_DIR": f"/run/user/{SESSION_UID}",
+                        "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{SESSION_UID}/bus"})
+            cwd = f"/home/{user}"
+        else:
+            env.update({"HOME": "/root", "USER": "root"})
+            cwd = "/"
+        cmd += ["--", "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()], *argv]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input)
+        except subprocess.TimeoutExpired as exc:
+            raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
+        return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+
+    def screenshot(self, sid: str) -> bytes:
+        s = self._usable(sid)
+        d = display.connect(s.display)
+        try:
+            return display.png(display.grab(d))
+        finally:
+            d.close()
+
+    def windows(self, sid: str) -> list[dict]:
+        s = self._usable(sid)
+        d = display.connect(s.display)
+        try:
+            return [asdict(w) for w in display.windows(d)]
+        finally:
+            d.close()
+
+    def processes(self, sid: str) -> list[ProcessInfo]:
+        return session_processes(self.get(sid).init_pid)
+
+    def memory(self, sid: str) -> dict:
+        from .sessionprocs import pss_kib
+
+        procs = self.processes(sid)
+        return {"pss_kib": sum(pss_kib(p.pid) for p in procs), "processes": len(procs)}
+
+    def list_sessions(self) -> list[dict]:
+        return [s.public() for s in list(self.sessions.values())]
+
+    def shutdown(self, destroy_sessions: bool = False) -> None:
+        if destroy_sessions:
+            for sid in list(self.sessions):
+                try:
+                    self.destroy(sid)
+                except DrumsError:
+                    log.exception("destroy of %s at shutdown failed", sid)
+            netns.delete_nft_table(self.nft_table)
+            self.ledger.forget("nft", f"inet/{self.nft_table}")
+            self.ledger.remove_if_empty()
