@@ -105,10 +105,22 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def public(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "lock"}
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "lock"}
         d["state"] = self.state.value
         d["spec"] = asdict(self.spec)
+        d["layers"] = list(self.layers)
+        d["timings"] = dict(self.timings)
         return d
+
+
+class _Marks:
+    """Phase timings, cumulative seconds since the operation began."""
+
+    def __init__(self, timings: dict, t0: float) -> None:
+        self.timings, self.t0 = timings, t0
+
+    def __call__(self, phase: str) -> None:
+        self.timings[phase] = round(time.monotonic() - self.t0, 4)
 
 
 def _hex_id() -> str:
@@ -258,19 +270,26 @@ class Supervisor:
         with self._lock:
             self.sessions[s.id] = s
         try:
+            mark = _Marks(s.timings, t0)
             self._record_session(s)
             self._prepare_dirs(s)
             self._mount_root(s, [layer, "/"])
             rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, json.dumps(self._init_spec(s)))
+            mark("root")
             netns.wait_link_gone(s.ifname)
+            mark("slot_free")
             s.init_pid = self._launch(s)
             s.init_start = starttime(s.init_pid)
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
+            mark("launch")
             self._wire_network(s, create=True)
             self._x11_link(s)
+            mark("network")
             display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s))
+            mark("display")
             if spec.wait_port:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
+                mark("port")
             s.timings["ready"] = time.monotonic() - t0
             s.liveness = "ok"
             self._set_state(s, State.RUNNING)

@@ -1,0 +1,199 @@
+"""The client library: talks to ``drumsd`` over its unix socket, starting it when none is running.
+
+    >>> c = Client()
+    >>> s = c.create()                    # a cold desktop
+    >>> snap = c.checkpoint(s["id"])      # CRIU dump + frozen layer
+    >>> sibs = c.restore(snap["id"], count=4)
+
+Errors arrive as the same classes the daemon raised (see :mod:`drums_core.errors`).
+"""
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import Instance, instance_from_env
+from .errors import DrumsError, Unavailable, from_wire
+
+
+def _decode(value):
+    if isinstance(value, dict):
+        if set(value) == {"__bytes__"}:
+            return base64.b64decode(value["__bytes__"])
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+class Client:
+    def __init__(self, instance: Instance | None = None, autostart: bool = True, timeout: float = 900.0,
+                 daemon_env: dict | None = None) -> None:
+        self.instance = instance or instance_from_env()
+        self.autostart = autostart
+        self.timeout = timeout
+        self.daemon_env = daemon_env or {}
+
+    # -------------------------------------------------------------- transport
+    def _connect(self) -> socket.socket:
+        sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sk.settimeout(self.timeout)
+        try:
+            sk.connect(str(self.instance.socket))
+        except OSError:
+            sk.close()
+            raise
+        return sk
+
+    def call(self, op: str, **args):
+        try:
+            sk = self._connect()
+        except (FileNotFoundError, ConnectionRefusedError):
+            if not self.autostart:
+                raise Unavailable(f"drumsd ({self.instance.name}) is not running", reason="DAEMON_DOWN") from None
+            self.start_daemon()
+            sk = self._connect()
+        try:
+            sk.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = sk.recv(1 << 20)
+                if not chunk:
+                    raise Unavailable(f"drumsd closed the connection during {op}", reason="DAEMON_DIED")
+                buf += chunk
+        except socket.timeout as exc:
+            raise Unavailable(f"drumsd did not answer {op} within {self.timeout}s", reason="TIMEOUT") from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise Unavailable(f"drumsd connection lost during {op}: {exc}", reason="DAEMON_DIED") from exc
+        finally:
+            sk.close()
+        reply = json.loads(buf)
+        if not reply.get("ok"):
+            raise from_wire(reply.get("error") or {})
+        return _decode(reply.get("result"))
+
+    def ping(self) -> dict:
+        return self.call("ping")
+
+    def start_daemon(self, wait: float = 60.0) -> None:
+        """Start drumsd for this instance (once, even with racing clients) and wait for its socket."""
+        root = self.instance.state_root
+        root.mkdir(parents=True, exist_ok=True)
+        lock = os.open(root / f"{self.instance.name}.start.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self._connect().close()
+                return
+            except OSError:
+                pass
+            env = dict(os.environ)
+            env.update(self.daemon_env)
+            pkg_parent = str(Path(__file__).resolve().parent.parent)
+            env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            argv = [sys.executable, "-m", "drums_core.daemon", "--instance", self.instance.name,
+                    "--slot-base", str(self.instance.slot_base), "--slot-count", str(self.instance.slot_count)]
+            errlog = open(root / f"{self.instance.name}.stderr", "ab")
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
+                                    start_new_session=True, cwd="/")
+            errlog.close()
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    self._connect().close()
+                    return
+                except OSError:
+                    if proc.poll() is not None:
+                        tail = (root / f"{self.instance.name}.stderr").read_text()[-2000:]
+                        raise Unavailable(f"drumsd exited with {proc.returncode}: {tail}", reason="DAEMON_START_FAILED")
+                    time.sleep(0.05)
+            raise Unavailable(f"drumsd did not open {self.instance.socket} within {wait}s", reason="DAEMON_START_FAILED")
+        finally:
+            os.close(lock)
+
+    def daemon_pid(self) -> int | None:
+        try:
+            return self.call("ping")["pid"]
+        except DrumsError:
+            return None
+
+    # -------------------------------------------------------------- operations
+    def create(self, spec: dict | None = None) -> dict:
+        return self.call("create", spec=spec or {})
+
+    def checkpoint(self, session: str, name: str | None = None, snapshot_id: str | None = None,
+                   leave_running: bool = False, scope: str | None = None) -> dict:
+        return self.call("checkpoint", session=session, name=name, snapshot_id=snapshot_id,
+                         leave_running=leave_running, scope=scope)
+
+    def restore(self, snapshot: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
+                scope: str | None = None) -> list[dict]:
+        return self.call("restore", snapshot=snapshot, count=count, wait_live=wait_live,
+                         expect_window=expect_window, scope=scope)
+
+    def destroy(self, session: str) -> dict:
+        return self.call("destroy", session=session)
+
+    def list(self) -> list[dict]:
+        return self.call("list")
+
+    def get(self, session: str) -> dict:
+        return self.call("get", session=session)
+
+    def wait_live(self, session: str, timeout: float = 30.0) -> dict:
+        return self.call("wait_live", session=session, timeout=timeout)
+
+    def exec(self, session: str, argv: list[str], user: str | None = None, timeout: float = 120.0,
+             input: str | None = None) -> dict:
+        return self.call("exec", session=session, argv=argv, user=user, timeout=timeout, input=input)
+
+    def screenshot(self, session: str) -> bytes:
+        return self.call("screenshot", session=session)
+
+    def windows(self, session: str) -> list[dict]:
+        return self.call("windows", session=session)
+
+    def memory(self, session: str) -> dict:
+        return self.call("memory", session=session)
+
+    def processes(self, session: str) -> list[dict]:
+        return self.call("processes", session=session)
+
+    def audit(self, a: str, b: str) -> dict:
+        return self.call("audit", a=a, b=b)
+
+    def snapshots(self) -> list[dict]:
+        return self.call("snapshots")
+
+    def snapshot(self, ref: str, scope: str | None = None) -> dict:
+        return self.call("snapshot", snapshot=ref, scope=scope)
+
+    def delete_snapshot(self, ref: str) -> dict:
+        return self.call("delete_snapshot", snapshot=ref)
+
+    def stats(self) -> dict:
+        return self.call("stats")
+
+    def shutdown(self, destroy_sessions: bool = False, wait: float = 30.0) -> None:
+        try:
+            pid = self.call("ping")["pid"]
+        except DrumsError:
+            return
+        self.call("shutdown", destroy_sessions=destroy_sessions)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(") ")[1].startswith("Z"):
+                        return
+            except (ProcessLookupError, FileNotFoundError):
+                return
+            time.sleep(0.05)

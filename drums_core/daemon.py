@@ -1,0 +1,243 @@
+"""``drumsd``: the per-host supervisor daemon, serving the Supervisor over a root-only unix socket.
+
+Protocol: one JSON object per line each way. A request is ``{"op": NAME, "args": {...}}``; a reply
+is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"code", "reason", "message",
+"detail"}}``. An operation runs to completion even when its client goes away (a checkpoint in
+flight commits, and a retry with the same snapshot id gets it).
+
+Sessions do not die with the daemon: they are not its children once started. The daemon is a
+child subreaper so the sessions' inits, orphaned by their launcher or by CRIU, are reaped here.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import fcntl
+import json
+import logging
+import os
+import signal
+import socketserver
+import sys
+import threading
+import time
+from dataclasses import asdict
+
+from . import linux
+from .config import Instance, check_name
+from .errors import DrumsError, Internal, InvalidArgument
+from .supervisor import Supervisor
+
+log = logging.getLogger("drums.daemon")
+
+
+class _Reaper(threading.Thread):
+    """Reaps orphans adopted as subreaper, leaving the daemon's own subprocesses to their owners."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        super().__init__(daemon=True, name="reaper")
+        self.sup = sup
+        self.first_seen: dict[int, float] = {}
+
+    def run(self) -> None:
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                time.sleep(0.2)
+                continue
+            if info is None:
+                time.sleep(0.05)
+                continue
+            pid = info.si_pid
+            known = {s.init_pid for s in list(self.sup.sessions.values())}
+            if pid in known or pid in self.sup.adopted_pids:
+                self._reap(pid)
+                continue
+            seen = self.first_seen.setdefault(pid, time.monotonic())
+            if time.monotonic() - seen > 3.0:  # nobody is waiting for it: an orphan
+                self._reap(pid)
+            else:
+                time.sleep(0.02)
+
+    def _reap(self, pid: int) -> None:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        self.first_seen.pop(pid, None)
+
+
+def _jsonable(value):
+    if isinstance(value, bytes):
+        return {"__bytes__": base64.b64encode(value).decode()}
+    if hasattr(value, "public"):
+        return value.public()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+class Daemon:
+    def __init__(self, instance: Instance, liveness_delay: float = 3.0) -> None:
+        self.instance = instance
+        self.sup = Supervisor(instance, liveness_delay=liveness_delay)
+        self.sup.adopted_pids = set()
+        self.started = time.time()
+        self.server: socketserver.ThreadingUnixStreamServer | None = None
+
+    def dispatch(self, op: str, args: dict):
+        sup = self.sup
+        if not isinstance(args, dict):
+            raise InvalidArgument("args must be an object", reason="BAD_REQUEST")
+        if op == "ping":
+            return {"run": sup.run, "pid": os.getpid(), "instance": self.instance.name, "uptime": time.time() - self.started}
+        if op == "create":
+            return sup.create(args.get("spec"))
+        if op == "checkpoint":
+            return sup.checkpoint(args["session"], name=args.get("name"), snapshot_id=args.get("snapshot_id"),
+                                  leave_running=bool(args.get("leave_running", False)), scope=args.get("scope"))
+        if op == "restore":
+            return sup.restore(args["snapshot"], count=int(args.get("count", 1)),
+                               wait_live=bool(args.get("wait_live", False)), expect_window=args.get("expect_window"),
+                               scope=args.get("scope"))
+        if op == "destroy":
+            return sup.destroy(args["session"])
+        if op == "list":
+            return sup.list_sessions()
+        if op == "get":
+            return sup.get(args["session"])
+        if op == "wait_live":
+            return sup.wait_live(args["session"], timeout=float(args.get("timeout", 30)))
+        if op == "exec":
+            return sup.exec(args["session"], list(args["argv"]), user=args.get("user"),
+                            timeout=float(args.get("timeout", 120)), input=args.get("input"))
+        if op == "screenshot":
+            return sup.screenshot(args["session"])
+        if op == "windows":
+            return sup.windows(args["session"])
+        if op == "memory":
+            return sup.memory(args["session"])
+        if op == "processes":
+            return [asdict(p) for p in sup.processes(args["session"])]
+        if op == "audit":
+            from .audit import sharing_audit
+
+            layer_devs = {os.stat("/").st_dev, os.stat(self.instance.state_dir).st_dev}
+            return sharing_audit(sup.get(args["a"]).init_pid, sup.get(args["b"]).init_pid, layer_devs)
+        if op == "snapshots":
+            return [s.to_dict() for s in sup.store.list()]
+        if op == "snapshot":
+            return sup.store.resolve(args["snapshot"], args.get("scope"))
+        if op == "delete_snapshot":
+            snap = sup.store.resolve(args["snapshot"], args.get("scope"))
+            users = [s.id for s in sup.sessions.values() if snap.id in (s.snapshot or "") or
+                     str(sup.store.path(snap.id) / "layer") in s.layers]
+            sup.store.delete(snap.id, users)
+            return {"deleted": snap.id}
+        if op == "stats":
+            return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}
+        if op == "shutdown":
+            destroy = bool(args.get("destroy_sessions", False))
+            threading.Thread(target=self._shutdown, args=(destroy,), daemon=True).start()
+            return {"shutting_down": True}
+        raise InvalidArgument(f"unknown operation {op!r}", reason="UNKNOWN_OP")
+
+    def _shutdown(self, destroy: bool) -> None:
+        try:
+            self.sup.shutdown(destroy_sessions=destroy)
+        finally:
+            if self.server is not None:
+                self.server.shutdown()
+
+    def handle_line(self, line: bytes) -> dict:
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict) or not isinstance(req.get("op"), str):
+                raise InvalidArgument("request must be an object with an 'op'", reason="BAD_REQUEST")
+            result = self.dispatch(req["op"], req.get("args") or {})
+            return {"ok": True, "result": _jsonable(result)}
+        except DrumsError as exc:
+            return {"ok": False, "error": exc.to_wire()}
+        except KeyError as exc:
+            return {"ok": False, "error": InvalidArgument(f"missing argument {exc}", reason="BAD_REQUEST").to_wire()}
+        except json.JSONDecodeError as exc:
+            return {"ok": False, "error": InvalidArgument(f"request is not JSON: {exc}", reason="BAD_REQUEST").to_wire()}
+        except Exception as exc:  # noqa: BLE001 - anything unknown crosses the boundary as Internal
+            log.exception("internal error")
+            return {"ok": False, "error": Internal(f"internal error: {exc!r}").to_wire()}
+
+    def serve(self) -> None:
+        daemon = self
+        sock_path = str(self.instance.socket)
+        if os.path.exists(sock_path):
+            os.unlink(sock_path)
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    reply = daemon.handle_line(line)
+                    try:
+                        self.wfile.write(json.dumps(reply).encode() + b"\n")
+                        self.wfile.flush()
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
+
+        class Server(socketserver.ThreadingUnixStreamServer):
+            daemon_threads = True
+
+        old = os.umask(0o177)
+        try:
+            self.server = Server(sock_path, Handler)
+        finally:
+            os.umask(old)
+        os.chmod(sock_path, 0o600)
+        log.info("drumsd run %s serving on %s", self.sup.run, sock_path)
+        self.server.serve_forever(poll_interval=0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="drumsd", description="Drums supervisor daemon")
+    parser.add_argument("--instance", default=os.environ.get("DRUMS_INSTANCE", "default"))
+    parser.add_argument("--slot-base", type=int, default=int(os.environ.get("DRUMS_SLOT_BASE", "0")))
+    parser.add_argument("--slot-count", type=int, default=int(os.environ.get("DRUMS_SLOT_COUNT", "64")))
+    parser.add_argument("--liveness-delay", type=float, default=float(os.environ.get("DRUMS_LIVENESS_DELAY", "3")))
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("drumsd must run as root", file=sys.stderr)
+        return 2
+    instance = Instance(name=check_name(args.instance, "instance"), slot_base=args.slot_base,
+                        slot_count=args.slot_count)
+    instance.state_root.mkdir(parents=True, exist_ok=True)
+    os.chmod(instance.state_root, 0o700)
+    lock_fd = os.open(instance.state_root / f"{instance.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"drumsd for instance {instance.name} is already running", file=sys.stderr)
+        return 3
+    instance.state_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, filename=str(instance.state_root / f"{instance.name}.log"),
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
+    for sig in (signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    d = Daemon(instance, liveness_delay=args.liveness_delay)
+    from .recovery import recover
+
+    report = recover(d.sup)
+    log.info("recovery: %s", json.dumps(report))
+    _Reaper(d.sup).start()
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=d._shutdown, args=(False,)).start())
+    d.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

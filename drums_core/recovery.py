@@ -1,0 +1,88 @@
+"""Daemon restart recovery: adopt what predecessors left complete and alive, sweep the rest.
+
+For every run under the ledger root whose owner is dead:
+  * a session recorded RUNNING whose init is alive (same pid and start time), whose root is still
+    mounted, is adopted: its resources are recorded in the new run's ledger first, then forgotten
+    in the old one (so at every instant some ledger owns them), and it joins the new supervisor;
+  * everything else the old run recorded (a restore in flight, a half-staged checkpoint, a destroy
+    half way) is swept: the sweep spares what a live ledger claims, so adopted sessions survive it.
+Then the snapshot store finishes or drops half-made snapshots (see SnapshotStore.recover).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from . import netns, rootfs
+from .config import X11_DIR
+from .ledger import Ledger
+from .sessionprocs import is_alive
+from .supervisor import Session, SessionSpec, State, Supervisor
+from .sweep import sweep
+
+log = logging.getLogger("drums.recovery")
+
+
+def _adoptable(data: dict) -> bool:
+    pid, start = data.get("init_pid"), data.get("starttime")
+    return (data.get("state") == State.RUNNING.value and isinstance(pid, int) and pid > 0
+            and is_alive(pid, start) and rootfs.is_mountpoint(Path(data["root"])))
+
+
+def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session:
+    spec = SessionSpec.from_dict(data.get("spec"))
+    s = Session(id=sid, slot=int(data["slot"]), state=State.RUNNING, spec=spec, dir=data["dir"], root=data["root"],
+                ifname=data["ifname"], host_address="", address=data["address"], display=int(data["display"]),
+                hostname=data["hostname"], machine_id=data.get("machine_id", ""), created=0.0,
+                init_pid=int(data["init_pid"]), init_start=int(data["starttime"]), snapshot=data.get("snapshot"),
+                layers=list(data.get("layers") or []))
+    from .config import slot_addresses
+
+    s.host_address = slot_addresses(s.slot)[0]
+    s.liveness = "ok"
+    with sup._lock:
+        if s.slot in sup._slots_in_use:
+            raise RuntimeError(f"slot {s.slot} of adopted session {sid} is taken")
+        sup._slots_in_use.add(s.slot)
+        sup.sessions[sid] = s
+    sup._record_session(s)
+    sup.ledger.record("dir", s.dir, session=sid)
+    sup.ledger.record("mount", s.root, session=sid)
+    sup.ledger.record("process", sid, pid=s.init_pid, starttime=s.init_start, tag=f"drums:{old.run}")
+    if netns.link_exists(s.ifname):
+        sup.ledger.record("link", s.ifname, session=sid)
+    link = X11_DIR / f"X{s.display}"
+    sup.ledger.record("x11link", str(link), session=sid)
+    for kind, key in (("x11link", str(link)), ("link", s.ifname), ("process", sid), ("mount", s.root),
+                      ("dir", s.dir), ("session", sid)):
+        old.forget(kind, key)
+    if not link.is_symlink():
+        X11_DIR.mkdir(mode=0o1777, exist_ok=True)
+        link.symlink_to(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
+    log.info("adopted session %s (pid %d) from run %s", sid, s.init_pid, old.run)
+    return s
+
+
+def recover(sup: Supervisor) -> dict:
+    root = sup.instance.ledger_root
+    report: dict = {"adopted": [], "swept": {}, "snapshots": {}}
+    for run in Ledger.runs(root):
+        if run == sup.run:
+            continue
+        old = Ledger.open(root, run)
+        try:
+            if old.owner_alive():
+                continue
+            for entry in old.entries("session"):
+                if _adoptable(entry.data):
+                    try:
+                        adopt_session(sup, old, entry.key, entry.data)
+                        report["adopted"].append(entry.key)
+                    except (RuntimeError, KeyError, ValueError, OSError) as exc:
+                        log.warning("cannot adopt %s from %s: %s", entry.key, run, exc)
+        except Exception as exc:  # noqa: BLE001 - a corrupt ledger is left to the sweep, which fails closed
+            log.warning("cannot read ledger of run %s: %s", run, exc)
+    result = sweep(root)
+    report["swept"] = result.to_dict() if hasattr(result, "to_dict") else str(result)
+    report["snapshots"] = sup.store.recover()
+    return report
