@@ -79,6 +79,12 @@ def windows(d: xdisplay.Display) -> list[Window]:
         title = _title(d, win)
         if not title:
             continue
+        try:
+            geo = win.get_geometry()
+            if geo.width <= 1 and geo.height <= 1:  # a window manager's own hidden window
+                continue
+        except xerror.XError:
+            continue
         out.append(Window(id=wid, title=title, wm_class=cls[1] or "", mapped=attrs.map_state == X.IsViewable))
     return out
 
@@ -107,8 +113,11 @@ def png(arr: np.ndarray) -> bytes:
 
 
 def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonblank: float = 0.0,
-               alive=None) -> dict:
+               alive=None, require_window: bool = True) -> dict:
     """Wait until a mapped window matches ``expect_title`` (any window when None) and the screen is not blank.
+
+    With ``require_window=False`` and no ``expect_title``, an X server that answers is enough (a bare
+    desktop has no window to wait for).
 
     ``alive`` is a callable returning a reason string when the session died meanwhile.
     Returns what was seen; raises Unavailable on timeout.
@@ -126,6 +135,9 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
             try:
                 if d is None:
                     d = connect(number)
+                if expect_title is None and not require_window:
+                    d.screen().root.get_geometry()
+                    return {"window": None, "nonblank": None}
                 wins = [w for w in windows(d) if w.mapped]
                 match = [w for w in wins if (expect_title is None or expect_title in w.title)]
                 if match:

@@ -285,7 +285,8 @@ class Supervisor:
             self._wire_network(s, create=True)
             self._x11_link(s)
             mark("network")
-            display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s))
+            display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s),
+                               require_window=bool(spec.programs))
             mark("display")
             if spec.wait_port:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
@@ -582,7 +583,8 @@ class Supervisor:
             faults.hit("restore-after-register")
             expect = expect_window if expect_window is not None else (spec.expect_window or
                                                                        (snap.windows[0] if snap.windows else None))
-            display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s))
+            display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
+                               require_window=expect is not None)
             if spec.wait_port:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
             s.timings["ready"] = time.monotonic() - t0

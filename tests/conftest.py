@@ -1,0 +1,135 @@
+"""Suite-wide fixtures: a real drumsd on a test instance, and the leak checks.
+
+The suite's daemon runs on its own instance (``pytest-<pid>``: own state tmpfs, socket, slot range
+and nftables table). After each test that used it, no session may remain; at the end of the run the
+daemon is stopped, its dead ledgers swept, its state tmpfs unmounted, and the host is checked for
+anything of Drums left behind: a leak fails the run.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (str(REPO), str(REPO / "tests")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from drums_core.config import STATE_ROOT, Instance  # noqa: E402
+
+INSTANCE = Instance(name=f"pytest-{os.getpid()}", slot_base=200, slot_count=40)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (real namespaces, mounts, CRIU)")
+
+
+def host_leaks(state_dir: Path | None = None) -> dict:
+    """What Drums could have left on this host: tagged processes, mounts, links, tables, X links."""
+    procs = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
+            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state in ("Z", "X"):
+            continue
+        for i, a in enumerate(argv[:-1]):
+            if a == b"--tag" and argv[i + 1].startswith(b"drums:"):
+                procs.append((int(name), argv[i + 1].decode()))
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            if point.startswith(str(STATE_ROOT) + "/") or point.startswith("/tmp/.criu."):
+                if state_dir is None or point.startswith(str(state_dir)):
+                    mounts.append(point)
+    links = [ln.split(":")[1].strip().split("@")[0] for ln in
+             subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+             if ln.split(":")[1].strip().startswith("dvh") and not ln.split(":")[1].strip().startswith("dvhdoc")]
+    tables = [ln for ln in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.splitlines()
+              if " drums" in ln]
+    xlinks = [p.name for p in Path("/tmp/.X11-unix").glob("X*") if p.is_symlink()] if Path("/tmp/.X11-unix").exists() else []
+    return {"processes": procs, "mounts": mounts, "links": links, "nft": tables, "x11links": xlinks}
+
+
+def _no_leaks(report: dict) -> bool:
+    return not any(report.values())
+
+
+@pytest.fixture(scope="session")
+def drums_instance():
+    require_root()
+    from drums_core.client import Client
+
+    client = Client(INSTANCE, daemon_env={"DRUMS_LIVENESS_DELAY": "3"})
+    client.ping()
+    yield INSTANCE
+    stop_instance(INSTANCE)
+    leaked = instance_leaks(INSTANCE)
+    assert _no_leaks(leaked), f"Drums left resources on the host after the suite: {leaked}"
+
+
+def instance_leaks(instance: Instance) -> dict:
+    """Everything on the host that belongs to ``instance`` (its runs are named ``<instance>-<hex>``)."""
+    rep = host_leaks()
+    slots = range(instance.slot_base, instance.slot_base + instance.slot_count)
+    table_prefix = "drums_" + instance.name.replace("-", "_")
+    return {
+        "processes": [p for p in rep["processes"] if p[1].startswith(f"drums:{instance.name}-")],
+        "mounts": [m for m in rep["mounts"] if m == str(instance.state_dir) or m.startswith(f"{instance.state_dir}/")],
+        "links": [ln for ln in rep["links"] if ln in {f"dvh{s}" for s in slots}],
+        "nft": [t for t in rep["nft"] if t.split()[-1].startswith(table_prefix)],
+        "x11links": [x for x in rep["x11links"] if int(x[1:]) - 100 in slots],
+    }
+
+
+def stop_instance(instance: Instance) -> dict:
+    """Stop the instance's daemon (destroying its sessions), sweep dead ledgers, unmount its state."""
+    from drums_core.client import Client
+    from drums_core.rootfs import is_mountpoint, unmount_tree
+    from drums_core.sweep import sweep
+
+    Client(instance, autostart=False).shutdown(destroy_sessions=True)
+    report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
+    if instance.state_dir.exists() and is_mountpoint(instance.state_dir):
+        unmount_tree(instance.state_dir)
+    for suffix in (".lock", ".start.lock", ".stderr"):
+        (instance.state_root / f"{instance.name}{suffix}").unlink(missing_ok=True)
+    try:
+        instance.state_dir.rmdir()
+    except OSError:
+        pass
+    return report.to_dict() if report is not None else {}
+
+
+@pytest.fixture
+def client(drums_instance):
+    """A client of the suite's daemon; the test must leave no session behind (checked after it)."""
+    from drums_core.client import Client
+
+    c = Client(drums_instance, daemon_env={"DRUMS_LIVENESS_DELAY": "3"})
+    yield c
+    leftover = c.list()
+    for s in leftover:
+        try:
+            c.destroy(s["id"])
+        except Exception:  # noqa: BLE001 - cleanup of a failed test; the assertion below reports it
+            pass
+    assert not leftover, f"test left sessions behind: {[s['id'] for s in leftover]}"
+    links = instance_links(drums_instance)
+    assert not links, f"test left links behind: {links}"
+
+
+def instance_links(instance: Instance) -> list[str]:
+    """The session links of this instance's slot range that exist on the host."""
+    mine = {f"dvh{s}" for s in range(instance.slot_base, instance.slot_base + instance.slot_count)}
+    return [ln for ln in host_leaks()["links"] if ln in mine]
