@@ -286,7 +286,7 @@ class Supervisor:
             self._x11_link(s)
             mark("network")
             display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s),
-                               require_window=bool(spec.programs))
+                               require_window=spec.expect_window is not None)
             mark("display")
             if spec.wait_port:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)

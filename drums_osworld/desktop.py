@@ -1,0 +1,104 @@
+"""A Drums session seen as an OSWorld desktop: the session plus its guest server.
+
+This is the one place that knows what an OSWorld-compatible desktop image is made of (the guest
+server on port 5000 as a session program, its reseed hook, readiness on that port), so the
+provider, the snapshot bridge, the gymnasium env, the rollout runner and the benchmarks all boot,
+restore and branch desktops the same way.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from drums_core.client import Client
+from drums_core.config import VENV
+
+from .guest_client import GuestClient
+
+log = logging.getLogger("drums.osworld.desktop")
+
+GUEST_PORT = 5000
+DEFAULT_IMAGE = "default"
+
+
+def desktop_spec(screen: tuple[int, int] = (1920, 1080), image: str = DEFAULT_IMAGE,
+                 expect_window: str | None = None, extra_programs: list[dict] | None = None) -> dict:
+    """The session spec of an OSWorld desktop: Xvfb + openbox + D-Bus + the guest server."""
+    programs = [{"name": "guest", "argv": [str(VENV / "bin/python"), "-m", "drums_osworld.guest",
+                                            "--port", str(GUEST_PORT)]}]
+    programs += list(extra_programs or [])
+    return {"image": image, "screen": [int(screen[0]), int(screen[1])], "programs": programs,
+            "wait_port": GUEST_PORT, "reseed_path": "/drums/reseed", "expect_window": expect_window,
+            "ready_timeout": 120.0}
+
+
+@dataclass
+class Desktop:
+    """One live desktop: ``session`` is the daemon's record of it, ``guest`` talks to its server."""
+
+    client: Client
+    session: dict
+    guest: GuestClient = field(init=False)
+    closed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.guest = GuestClient(self.session["address"], GUEST_PORT, timeout=180.0)
+
+    @property
+    def id(self) -> str:
+        return self.session["id"]
+
+    @property
+    def address(self) -> str:
+        return self.session["address"]
+
+    @property
+    def screen(self) -> tuple[int, int]:
+        w, h = self.session["spec"]["screen"]
+        return int(w), int(h)
+
+    @classmethod
+    def boot(cls, client: Client | None = None, screen: tuple[int, int] = (1920, 1080),
+             image: str = DEFAULT_IMAGE) -> "Desktop":
+        client = client or Client()
+        return cls(client, client.create(desktop_spec(screen, image)))
+
+    @classmethod
+    def restore(cls, client: Client, snapshot: str, count: int = 1, expect_window: str | None = None,
+                wait_live: bool = False, scope: str | None = None) -> list["Desktop"]:
+        sessions = client.restore(snapshot, count=count, expect_window=expect_window, wait_live=wait_live,
+                                  scope=scope)
+        return [cls(client, s) for s in sessions]
+
+    def checkpoint(self, name: str | None = None, leave_running: bool = True, scope: str | None = None,
+                   snapshot_id: str | None = None) -> dict:
+        """Checkpoint this desktop. With ``leave_running`` it goes on (same id and address) afterwards."""
+        snap = self.client.checkpoint(self.id, name=name, leave_running=leave_running, scope=scope,
+                                      snapshot_id=snapshot_id)
+        if leave_running:
+            self.refresh()
+        else:
+            self.closed = True
+        return snap
+
+    def refresh(self) -> dict:
+        self.session = self.client.get(self.id)
+        return self.session
+
+    def reseed_draw(self) -> int:
+        return int(self.guest._request("POST", "/drums/reseed").json()["draw"])
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.guest.close()
+        finally:
+            self.client.destroy(self.id)
+
+    def __enter__(self) -> "Desktop":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
