@@ -16,18 +16,11 @@ def register() -> None:
 
 
 def _on_import() -> None:
-    try:
-        from .provider.registration import install_import_hook
-    except ImportError:  # the provider package is optional at import time (e.g. inside a guest)
-        install_import_hook = None
-    if install_import_hook is not None:
-        install_import_hook()
-    try:
-        from .gym_env import register_envs
-    except ImportError:
-        register_envs = None
-    if register_envs is not None:
-        register_envs()
+    from .gym_env import register_envs
+    from .provider.registration import install_import_hook
+
+    install_import_hook()
+    register_envs()
 
 
 _on_import()
