@@ -16,11 +16,13 @@ def register() -> None:
 
 
 def _on_import() -> None:
-    from .gym_env import register_envs
-    from .provider.registration import install_import_hook
+    import importlib
+    import importlib.util
 
-    install_import_hook()
-    register_envs()
+    for module, hook in (("drums_osworld.provider.registration", "install_import_hook"),
+                         ("drums_osworld.gym_env", "register_envs")):
+        if importlib.util.find_spec(module) is not None:
+            getattr(importlib.import_module(module), hook)()
 
 
 _on_import()
