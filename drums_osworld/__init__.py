@@ -21,7 +21,11 @@ def _on_import() -> None:
 
     for module, hook in (("drums_osworld.provider.registration", "install_import_hook"),
                          ("drums_osworld.gym_env", "register_envs")):
-        if importlib.util.find_spec(module) is not None:
+        try:
+            present = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package is absent
+            present = False
+        if present:
             getattr(importlib.import_module(module), hook)()
 
 
