@@ -1,0 +1,40 @@
+"""Fixtures for the guest server tests (the helpers live in guestlib.py)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from guestlib import GuestServer, XServer, kill_tagged  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def xserver() -> Iterator[XServer]:
+    x = XServer()
+    try:
+        x.start()
+        yield x
+    finally:
+        x.stop()
+
+
+@pytest.fixture(scope="session")
+def guest(xserver: XServer) -> Iterator[GuestServer]:
+    s = GuestServer(xserver.display)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_survivors() -> Iterator[None]:
+    """After the whole session: every tagged process is gone (kill leftovers, then assert)."""
+    yield
+    survivors = kill_tagged()
+    assert not survivors, f"processes survived the guest tests: {survivors}"
