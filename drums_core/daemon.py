@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from . import linux
+from . import faults, linux
 from .config import Instance, check_name
 from .errors import DrumsError, Internal, InvalidArgument
 from .supervisor import Supervisor
@@ -143,6 +143,9 @@ class Daemon:
             return {"deleted": snap.id}
         if op == "stats":
             return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}
+        if op == "inject" and faults.test_hooks_enabled():
+            faults.inject(str(args["point"]), int(args.get("times", 1)))
+            return {"injected": args["point"]}
         if op == "shutdown":
             destroy = bool(args.get("destroy_sessions", False))
             threading.Thread(target=self._shutdown, args=(destroy,), daemon=True).start()

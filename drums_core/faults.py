@@ -5,6 +5,10 @@ Forms:
   ``criu+<ms>``           die <ms> milliseconds after a restore's CRIU call started;
   ``criu-top+<ms>``       the same, killing CRIU's top process first.
 Unset, every call here is a no-op.
+
+For tests of error classification, a daemon started with ``DRUMS_TEST_HOOKS=1`` also accepts
+``inject`` requests: :func:`fail` then raises ``Unavailable`` at a named point the next N times
+(``restore-resume``, ``restore-readiness``, ``restore-reseed``), as a real failure there would.
 """
 from __future__ import annotations
 
@@ -14,6 +18,34 @@ import signal
 import threading
 
 _timer: threading.Timer | None = None
+_injected: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def test_hooks_enabled() -> bool:
+    return os.environ.get("DRUMS_TEST_HOOKS") == "1"
+
+
+def inject(point: str, times: int) -> None:
+    with _lock:
+        if times > 0:
+            _injected[point] = times
+        else:
+            _injected.pop(point, None)
+
+
+def fail(point: str) -> None:
+    """Raise Unavailable here if a test injected a failure at ``point``."""
+    if not _injected:
+        return
+    with _lock:
+        left = _injected.get(point, 0)
+        if left <= 0:
+            return
+        _injected[point] = left - 1
+    from .errors import Unavailable
+
+    raise Unavailable(f"injected failure at {point}", reason="INJECTED")
 
 
 def armed() -> str | None:

@@ -6,7 +6,8 @@ For every run under the ledger root whose owner is dead:
     in the old one (so at every instant some ledger owns them), and it joins the new supervisor;
   * everything else the old run recorded (a restore in flight, a half-staged checkpoint, a destroy
     half way) is swept: the sweep spares what a live ledger claims, so adopted sessions survive it.
-Then the snapshot store finishes or drops half-made snapshots (see SnapshotStore.recover).
+Before the sweep, the snapshot store finishes dumped snapshots and drops half-made ones
+(see SnapshotStore.recover).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from . import netns, rootfs
 from .config import X11_DIR
+from .errors import DrumsError
 from .ledger import Ledger
 from .sessionprocs import is_alive
 from .supervisor import Session, SessionSpec, State, Supervisor
@@ -25,7 +27,7 @@ log = logging.getLogger("drums.recovery")
 
 def _adoptable(data: dict) -> bool:
     pid, start = data.get("init_pid"), data.get("starttime")
-    return (data.get("state") == State.RUNNING.value and isinstance(pid, int) and pid > 0
+    return (data.get("state") in (State.RUNNING.value, State.CHECKPOINTING.value) and isinstance(pid, int) and pid > 0
             and is_alive(pid, start) and rootfs.is_mountpoint(Path(data["root"])))
 
 
@@ -49,8 +51,11 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
     sup.ledger.record("dir", s.dir, session=sid)
     sup.ledger.record("mount", s.root, session=sid)
     sup.ledger.record("process", sid, pid=s.init_pid, starttime=s.init_start, tag=f"drums:{old.run}")
-    if netns.link_exists(s.ifname):
-        sup.ledger.record("link", s.ifname, session=sid)
+    sup.ledger.record("link", s.ifname, session=sid)
+    if not netns.link_exists(s.ifname):  # a checkpoint that died before its dump had removed it
+        netns.create_veth(s.ifname, s.init_pid)
+        netns.configure_host_side(s.ifname, s.host_address)
+        netns.configure_guest_side(s.init_pid, s.address, s.host_address)
     link = X11_DIR / f"X{s.display}"
     sup.ledger.record("x11link", str(link), session=sid)
     for kind, key in (("x11link", str(link)), ("link", s.ifname), ("process", sid), ("mount", s.root),
@@ -71,18 +76,20 @@ def recover(sup: Supervisor) -> dict:
             continue
         old = Ledger.open(root, run)
         try:
-            if old.owner_alive():
-                continue
-            for entry in old.entries("session"):
-                if _adoptable(entry.data):
-                    try:
-                        adopt_session(sup, old, entry.key, entry.data)
-                        report["adopted"].append(entry.key)
-                    except (RuntimeError, KeyError, ValueError, OSError) as exc:
-                        log.warning("cannot adopt %s from %s: %s", entry.key, run, exc)
-        except Exception as exc:  # noqa: BLE001 - a corrupt ledger is left to the sweep, which fails closed
-            log.warning("cannot read ledger of run %s: %s", run, exc)
-    result = sweep(root)
-    report["swept"] = result.to_dict() if hasattr(result, "to_dict") else str(result)
+            with old.locked(blocking=False):  # keeps a concurrent CLI sweep out while sessions move
+                if old.owner_alive():
+                    continue
+                for entry in old.entries("session"):
+                    if _adoptable(entry.data):
+                        try:
+                            adopt_session(sup, old, entry.key, entry.data)
+                            report["adopted"].append(entry.key)
+                        except (RuntimeError, KeyError, ValueError, OSError) as exc:
+                            log.warning("cannot adopt %s from %s: %s", entry.key, run, exc)
+        except DrumsError as exc:  # busy, gone, or corrupt: left to the sweep, which fails closed
+            log.warning("cannot adopt from run %s: %s", run, exc)
+    # Finish dumped snapshots before the sweep: their uppers still sit in dead sessions' directories.
     report["snapshots"] = sup.store.recover()
+    result = sweep(root)
+    report["swept"] = result.to_dict()
     return report

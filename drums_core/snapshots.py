@@ -2,7 +2,9 @@
 
 On disk, under the state directory::
 
-    snapshots/.staging/<id>/{images/, layer/, work/}   being made; never served
+    snapshots/.staging/<id>/dump/                      CRIU writes its images here
+    snapshots/.staging/<id>/DUMPED                     the dump finished: the record, the upper's path
+    snapshots/.staging/<id>/{images/, layer/}          images moved, upper frozen into the layer
     snapshots/<id>/{images/, layer/, manifest.json}    published: files complete, manifest last
     snapshots/<id>/COMMITTED                          committed: served to restores
 
@@ -21,6 +23,8 @@ from pathlib import Path
 from .errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 
 COMMITTED = "COMMITTED"
+DUMPED = "DUMPED"
+BROKEN = "BROKEN"
 MANIFEST = "manifest.json"
 
 
@@ -78,13 +82,50 @@ class SnapshotStore:
     def path(self, sid: str) -> Path:
         return self.root / sid
 
-    def publish(self, snap: Snapshot) -> Path:
+    def mark_dumped(self, snap: Snapshot, upper: str, root: str) -> None:
+        """Record that CRIU finished: from here on the snapshot can always be finished, even after a crash."""
         staged = self.staging(snap.id)
+        write_atomic(staged / DUMPED, json.dumps({"snapshot": snap.to_dict(), "upper": upper, "root": root}))
+
+    def finish(self, sid: str) -> Snapshot:
+        """Finish a dumped snapshot: move the images, freeze the upper into the layer, publish, commit.
+
+        Every step checks whether it is already done, so a finish interrupted anywhere (the daemon
+        killed) is completed by calling this again, from the same daemon or its successor.
+        """
+        from . import faults, rootfs
+
+        staged = self.staging(sid)
+        if not staged.exists():
+            if (self.path(sid) / MANIFEST).exists():
+                return self.commit(sid)
+            raise NotFound(f"no staged snapshot {sid}", reason="SNAPSHOT_NOT_FOUND")
+        marker = json.loads((staged / DUMPED).read_text())
+        snap = Snapshot(**marker["snapshot"])
+        (staged / "images").mkdir(exist_ok=True)
+        dump = staged / "dump"
+        if dump.exists():
+            for i, p in enumerate(sorted(dump.iterdir())):
+                os.rename(p, staged / "images" / p.name)
+                if i == 0:
+                    faults.hit("checkpoint-mid-staging")
+            os.rmdir(dump)
+        if not (staged / "layer").exists():
+            root = Path(marker["root"])
+            if root.exists() and rootfs.is_mountpoint(root):
+                rootfs.unmount_tree(root)
+            faults.hit("checkpoint-mid-freeze")
+            os.rename(marker["upper"], staged / "layer")
+        for leftover in (staged / "criu.log",):
+            if leftover.exists() or leftover.is_symlink():
+                leftover.unlink()
+        snap.size = rootfs.dir_size(staged)
         snap.files = {p.name: p.stat().st_size for p in sorted((staged / "images").iterdir()) if p.is_file()}
         write_atomic(staged / MANIFEST, json.dumps(snap.to_dict(), indent=1))
-        final = self.path(snap.id)
-        os.rename(staged, final)
-        return final
+        faults.hit("checkpoint-staged")
+        os.rename(staged, self.path(sid))
+        faults.hit("checkpoint-published")
+        return self.commit(sid)
 
     def commit(self, sid: str) -> Snapshot:
         final = self.path(sid)
@@ -110,13 +151,25 @@ class SnapshotStore:
             if not Path(layer).is_dir():
                 raise Internal(f"snapshot {snap.id}: layer {layer} is missing", reason="IMAGES_CORRUPT")
 
+    def mark_broken(self, sid: str, reason: str) -> None:
+        write_atomic(self.path(sid) / BROKEN, json.dumps({"reason": reason, "time": time.time()}))
+
+    def broken_reason(self, sid: str) -> str | None:
+        try:
+            return json.loads((self.path(sid) / BROKEN).read_text())["reason"]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError) as exc:
+            return f"unreadable broken marker: {exc}"
+
     def _load(self, d: Path) -> Snapshot:
         try:
             data = json.loads((d / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
             raise Internal(f"snapshot manifest in {d} unreadable: {exc}", reason="MANIFEST_CORRUPT") from exc
         snap = Snapshot(**data)
-        snap.state = "committed" if (d / COMMITTED).exists() else "published"
+        snap.state = ("broken" if (d / BROKEN).exists() else "committed" if (d / COMMITTED).exists()
+                      else "published")
         return snap
 
     def get(self, sid: str, *, committed_only: bool = True) -> Snapshot:
@@ -124,7 +177,7 @@ class SnapshotStore:
         if not (d / MANIFEST).exists():
             raise NotFound(f"no snapshot {sid!r}", reason="SNAPSHOT_NOT_FOUND")
         snap = self._load(d)
-        if committed_only and snap.state != "committed":
+        if committed_only and snap.state not in ("committed", "broken"):
             raise NotFound(f"snapshot {sid!r} is not committed", reason="SNAPSHOT_NOT_FOUND")
         return snap
 
@@ -146,7 +199,7 @@ class SnapshotStore:
         if (self.path(ref) / MANIFEST).exists():
             snap = self.get(ref)
         else:
-            named = [s for s in self.list() if s.name == ref and s.state == "committed"
+            named = [s for s in self.list() if s.name == ref and s.state in ("committed", "broken")
                      and (scope is None or s.scope == scope)]
             if not named:
                 raise NotFound(f"no snapshot named {ref!r}" + (f" in scope {scope!r}" if scope else ""),
@@ -174,8 +227,16 @@ class SnapshotStore:
 
     def recover(self) -> dict:
         """At daemon start: drop staging leftovers, commit published snapshots whose files verify."""
-        report = {"staging_removed": 0, "committed": 0, "broken": 0}
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+        report = {"staging_removed": 0, "finished": 0, "committed": 0, "broken": 0}
         for d in list(self.staging_root.iterdir()):
+            if (d / DUMPED).exists():
+                try:
+                    self.finish(d.name)
+                    report["finished"] += 1
+                    continue
+                except (OSError, ValueError, Internal) as exc:
+                    report.setdefault("errors", []).append(f"{d.name}: {exc}")
             shutil.rmtree(d, ignore_errors=True)
             report["staging_removed"] += 1
         for d in list(self.root.iterdir()):

@@ -28,6 +28,7 @@ from .config import (SESSION_PATH, SESSION_UID, SESSION_USER, VENV, X11_DIR, Ins
                      display_number, host_ifname, slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .ledger import Ledger
+from .procs import mount_key
 from .sessionprocs import ProcessInfo, is_alive, kill_tree_under, session_processes, starttime, wait_dead
 from .snapshots import Snapshot, SnapshotStore, boot_id
 
@@ -113,6 +114,32 @@ class Session:
         return d
 
 
+class _Flight:
+    """A checkpoint in progress: a retry with the same snapshot id waits for it instead of dumping again."""
+
+    def __init__(self, params: dict) -> None:
+        self.params = params
+        self._event = threading.Event()
+        self._result: Snapshot | None = None
+        self._error: BaseException | None = None
+
+    def done(self, snap: Snapshot) -> None:
+        self._result = snap
+        self._event.set()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = exc
+            self._event.set()
+
+    def wait(self) -> Snapshot:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
 class _Marks:
     """Phase timings, cumulative seconds since the operation began."""
 
@@ -137,7 +164,7 @@ class Supervisor:
         self.sessions: dict[str, Session] = {}
         self._slots_in_use: set[int] = set()
         self._retry_streak: dict[str, int] = {}
-        self._checkpoints: dict[tuple[str, str], threading.Event] = {}
+        self._checkpoints: dict[str, _Flight] = {}
         self.counters = {"dumps": 0, "restores": 0}
         instance.state_dir.mkdir(parents=True, exist_ok=True)
         self.mounted_state = rootfs.ensure_tmpfs(instance.state_dir)
@@ -221,11 +248,13 @@ class Supervisor:
         upper, work, root = Path(s.dir) / "upper", Path(s.dir) / "work", Path(s.root)
         self.ledger.record("mount", s.root, session=s.id)
         rootfs.mount_overlay(lowers, upper, work, root)
+        # a copy of this mount in a namespace cloned later is then known as a copy, not a holder
+        self.ledger.update("mount", s.root, mount_key=mount_key(s.root))
 
     def _x11_link(self, s: Session) -> None:
         X11_DIR.mkdir(mode=0o1777, exist_ok=True)
         link = X11_DIR / f"X{s.display}"
-        self.ledger.record("x11link", str(link), session=s.id)
+        self.ledger.record("x11link", str(link), session=s.id, target=f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
         if link.is_symlink() or link.exists():
             link.unlink()
         os.symlink(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0", link)
@@ -391,16 +420,34 @@ class Supervisor:
         existing = self._existing_checkpoint(snap_id, params)
         if existing is not None:
             return existing
-        s = self._usable(sid)
-        if not s.lock.acquire(blocking=False):
-            raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+        with self._lock:
+            flight = self._checkpoints.get(snap_id)
+            mine = flight is None
+            if mine:
+                flight = self._checkpoints[snap_id] = _Flight(params)
+        if not mine:
+            if flight.params != params:
+                raise FailedPrecondition(f"snapshot id {snap_id} is being made with other parameters",
+                                         reason="SNAPSHOT_ID_CONFLICT")
+            return flight.wait()
         try:
-            existing = self._existing_checkpoint(snap_id, params)
-            if existing is not None:
-                return existing
-            return self._checkpoint_locked(s, snap_id, name, params, leave_running)
+            s = self._usable(sid)
+            if not s.lock.acquire(blocking=False):
+                raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+            try:
+                existing = self._existing_checkpoint(snap_id, params)
+                snap = existing if existing is not None else self._checkpoint_locked(s, snap_id, name, params,
+                                                                                     leave_running)
+            finally:
+                s.lock.release()
+            flight.done(snap)
+            return snap
+        except BaseException as exc:
+            flight.fail(exc)
+            raise
         finally:
-            s.lock.release()
+            with self._lock:
+                self._checkpoints.pop(snap_id, None)
 
     def _existing_checkpoint(self, snap_id: str, params: dict) -> Snapshot | None:
         try:
@@ -412,20 +459,19 @@ class Supervisor:
                                      reason="SNAPSHOT_ID_CONFLICT")
         if snap.boot_id != boot_id():
             raise FailedPrecondition(f"snapshot {snap_id} is from another boot", reason="SNAPSHOT_OTHER_BOOT")
-        if snap.state != "committed":
+        if snap.state == "published":
             snap = self.store.commit(snap_id)
         return snap
 
     def _checkpoint_locked(self, s: Session, snap_id: str, name: str | None, params: dict,
                            leave_running: bool) -> Snapshot:
+        """stage (dump, move images, freeze the upper) -> publish (rename) -> commit (record)."""
         t0 = time.monotonic()
         self._set_state(s, State.CHECKPOINTING)
         staging = self.store.staging(snap_id)
-        self.ledger.record("dir", str(staging), snapshot=snap_id)
-        self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, phase="staging")
+        self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, staging=str(staging))
         faults.hit("checkpoint-before-staging")
-        (staging / "images").mkdir(parents=True, exist_ok=True)
-        (staging / "work").mkdir(exist_ok=True)
+        (staging / "dump").mkdir(parents=True, exist_ok=True)
         procs = [[p.nspid, p.comm] for p in session_processes(s.init_pid)]
         try:
             d = display.connect(s.display)
@@ -440,11 +486,10 @@ class Supervisor:
         netns.delete_link(s.ifname)
         netns.wait_link_gone(s.ifname)
         try:
-            res = criu.dump(s.init_pid, staging / "images", staging / "work")
+            res = criu.dump(s.init_pid, staging / "dump", staging)
         except Unavailable as exc:
             shutil.rmtree(staging, ignore_errors=True)
             self.ledger.forget("op", f"checkpoint/{snap_id}")
-            self.ledger.forget("dir", str(staging))
             if is_alive(s.init_pid, s.init_start):
                 self._wire_network(s, create=True)
                 self._set_state(s, State.RUNNING)
@@ -452,24 +497,18 @@ class Supervisor:
             self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
             raise Internal(f"checkpoint of {s.id} failed and the session is gone: {exc.message}",
                            reason="CHECKPOINT_FAILED", detail=exc.detail) from exc
-        self.counters["dumps"] += 1
-        faults.hit("checkpoint-after-dump")
-        wait_dead(s.init_pid, s.init_start, timeout=10)
-        rootfs.unmount_tree(Path(s.root))
-        self.ledger.forget("mount", s.root)
-        os.rename(Path(s.dir) / "upper", staging / "layer")
-        faults.hit("checkpoint-mid-freeze")
-        shutil.rmtree(staging / "work", ignore_errors=True)
+        with self._lock:
+            self.counters["dumps"] += 1
         layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
         snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
-                        layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(),
-                        size=rootfs.dir_size(staging), params=params, processes=procs, windows=titles,
-                        spec=asdict(s.spec), dump_seconds=res.seconds)
-        faults.hit("checkpoint-staged")
-        self.store.publish(snap)
-        self.ledger.forget("dir", str(staging))
-        faults.hit("checkpoint-published")
-        snap = self.store.commit(snap_id)
+                        layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
+                        params=params, processes=procs, windows=titles, spec=asdict(s.spec),
+                        dump_seconds=res.seconds)
+        self.store.mark_dumped(snap, upper=str(Path(s.dir) / "upper"), root=s.root)
+        faults.hit("checkpoint-after-dump")
+        wait_dead(s.init_pid, s.init_start, timeout=10)
+        snap = self.store.finish(snap_id)
+        self.ledger.forget("mount", s.root)
         self.ledger.forget("op", f"checkpoint/{snap_id}")
         faults.hit("checkpoint-committed")
         log.info("checkpoint %s of %s: dump %.3fs, %d MiB", snap_id, s.id, res.seconds, snap.size >> 20)
@@ -481,7 +520,7 @@ class Supervisor:
             with self._lock:
                 self._slots_in_use.add(old_slot)
             new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
-                                    machine_id=s.machine_id, count_retry=False)
+                                    machine_id=s.machine_id)
             new.timings["checkpoint"] = time.monotonic() - t0
         return snap
 
@@ -542,7 +581,9 @@ class Supervisor:
                      expect_window: str | None = None, count_retry: bool = True) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
         layer = self.image_layer(spec.image)
-        self.store.verify(snap)
+        broken = self.store.broken_reason(snap.id)
+        if broken:
+            raise Internal(f"snapshot {snap.id} is broken: {broken}", reason="SNAPSHOT_BROKEN", detail=broken)
         slot = self._alloc_slot() if slot is None else slot
         s = self._new_session(spec, slot, sid)
         if hostname:
@@ -573,6 +614,7 @@ class Supervisor:
             s.init_start = starttime(s.init_pid)
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
             faults.hit("restore-after-criu")
+            faults.fail("restore-resume")
             self._wire_network(s, create=True)
             s.timings["network"] = time.monotonic() - t0
             if reseed:
@@ -581,6 +623,7 @@ class Supervisor:
                 rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
             self._x11_link(s)
             faults.hit("restore-after-register")
+            faults.fail("restore-readiness")
             expect = expect_window if expect_window is not None else (spec.expect_window or
                                                                        (snap.windows[0] if snap.windows else None))
             display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
@@ -592,6 +635,15 @@ class Supervisor:
         except BaseException as exc:
             self._teardown(s)
             faults.hit("restore-teardown-done")
+            if isinstance(exc, Unavailable) and exc.reason == "CRIU_FAILED":
+                try:
+                    self.store.verify(snap)
+                except Internal as corrupt:
+                    self.store.mark_broken(snap.id, corrupt.message)
+                    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
+                    raise Internal(f"restore of {snap.id} failed on corrupt images: {corrupt.message}; "
+                                   f"CRIU: {' | '.join(lines[-3:])}", reason="IMAGES_CORRUPT",
+                                   detail={"criu_log": lines, "verify": corrupt.message}) from exc
             if isinstance(exc, DrumsError):
                 if isinstance(exc, Unavailable) or exc.reason in ("LINK_BUSY",):
                     raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc.message}",
@@ -616,6 +668,7 @@ class Supervisor:
 
     def _reseed(self, s: Session) -> None:
         faults.hit("restore-mid-reseed")
+        faults.fail("restore-reseed")
         rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
         out = subprocess.run(["nsenter", "-t", str(s.init_pid), "-u", "hostname", s.hostname],
                              capture_output=True, text=True, timeout=10)

@@ -22,6 +22,7 @@ for p in (str(REPO), str(REPO / "tests")):
 from drums_core.config import STATE_ROOT, Instance  # noqa: E402
 
 INSTANCE = Instance(name=f"pytest-{os.getpid()}", slot_base=200, slot_count=40)
+SUITE_DAEMON_ENV = {"DRUMS_LIVENESS_DELAY": "3", "DRUMS_TEST_HOOKS": "1"}
 
 
 def require_root() -> None:
@@ -70,7 +71,7 @@ def drums_instance():
     require_root()
     from drums_core.client import Client
 
-    client = Client(INSTANCE, daemon_env={"DRUMS_LIVENESS_DELAY": "3"})
+    client = Client(INSTANCE, daemon_env=SUITE_DAEMON_ENV)
     client.ping()
     yield INSTANCE
     stop_instance(INSTANCE)
@@ -116,7 +117,7 @@ def client(drums_instance):
     """A client of the suite's daemon; the test must leave no session behind (checked after it)."""
     from drums_core.client import Client
 
-    c = Client(drums_instance, daemon_env={"DRUMS_LIVENESS_DELAY": "3"})
+    c = Client(drums_instance, daemon_env=SUITE_DAEMON_ENV)
     yield c
     leftover = c.list()
     for s in leftover:
