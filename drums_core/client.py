@@ -188,12 +188,7 @@ class Client:
             return
         self.call("shutdown", destroy_sessions=destroy_sessions)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split(") ")[1].startswith("Z"):
-                        return
-            except (ProcessLookupError, FileNotFoundError):
-                return
-            time.sleep(0.05)
+        from .sessionprocs import is_alive
+
+        while time.monotonic() < deadline and is_alive(pid):
+            time.sleep(0.02)

@@ -222,11 +222,28 @@ def boot_id() -> str | None:
 
 
 def is_alive(pid: int, start: int | None = None) -> bool:
-    """True when ``pid`` exists, is not a zombie and (if given) started at ``start``."""
+    """True when ``pid`` exists, is not a zombie and (if given) started at ``start``.
+
+    A killed multi-threaded process shows its leader as a zombie while its other threads still exit
+    and still hold its files and namespaces: it counts as alive until every thread is gone.
+    """
     st = read_stat(pid)
-    if st is None or st.zombie:
+    if st is None or (start is not None and st.starttime != start):
         return False
-    return start is None or st.starttime == start
+    if not st.zombie:
+        return True
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            state = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ZOMBIE_STATES:
+            return True
+    return False
 
 
 def list_pids() -> list[int]:

@@ -80,6 +80,10 @@ def build_image_layer(layer: Path) -> None:
         d = tmp / "home" / user / sub
         d.mkdir(parents=True, exist_ok=True)
         os.chown(d, uid, uid)
+    xauth = tmp / "home" / user / ".Xauthority"  # pyautogui's Xlib import fails without one
+    xauth.touch()
+    os.chown(xauth, uid, uid)
+    os.chmod(xauth, 0o600)
     for d in ("home", "etc", "etc/drums", "etc/sudoers.d"):
         os.chmod(tmp / d, 0o755)
     os.chmod(tmp / "etc/sudoers.d", 0o750)

@@ -6,6 +6,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from .procs import is_alive
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -29,14 +31,6 @@ def starttime(pid: int) -> int:
     if f is None:
         raise ProcessLookupError(pid)
     return int(f[21])
-
-
-def is_alive(pid: int, start: int | None = None) -> bool:
-    """True when ``pid`` exists, is not a zombie, and (if given) started at ``start``."""
-    f = _stat_fields(pid)
-    if f is None or f[2] in ("Z", "X"):
-        return False
-    return start is None or int(f[21]) == start
 
 
 def wait_dead(pid: int, start: int | None, timeout: float) -> bool:
