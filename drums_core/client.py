@@ -186,7 +186,11 @@ class Client:
             pid = self.call("ping")["pid"]
         except DrumsError:
             return
-        self.call("shutdown", destroy_sessions=destroy_sessions)
+        try:
+            self.call("shutdown", destroy_sessions=destroy_sessions)
+        except Unavailable as exc:
+            if exc.reason != "DAEMON_DIED":  # it may exit before its reply is flushed
+                raise
         deadline = time.monotonic() + wait
         from .sessionprocs import is_alive
 

@@ -154,6 +154,7 @@ class Daemon:
 
     def _shutdown(self, destroy: bool) -> None:
         try:
+            time.sleep(0.1)  # let the reply to the shutdown request go out first
             self.sup.shutdown(destroy_sessions=destroy)
         finally:
             if self.server is not None:

@@ -21,7 +21,12 @@ for p in (str(REPO), str(REPO / "tests")):
 
 from drums_core.config import STATE_ROOT, Instance  # noqa: E402
 
-INSTANCE = Instance(name=f"pytest-{os.getpid()}", slot_base=200, slot_count=40)
+# Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
+# The suite's own daemon gets the first 32 slots of this run's range; tests that need another
+# daemon (fault windows) take slots from SPARE_SLOTS.
+_RANGE = 1000 + (os.getpid() % 300) * 48
+INSTANCE = Instance(name=f"pytest-{os.getpid()}", slot_base=_RANGE, slot_count=32)
+SPARE_SLOTS = range(_RANGE + 32, _RANGE + 48)
 SUITE_DAEMON_ENV = {"DRUMS_LIVENESS_DELAY": "3", "DRUMS_TEST_HOOKS": "1"}
 
 

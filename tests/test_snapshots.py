@@ -26,14 +26,23 @@ WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-st
 
 @pytest.fixture(scope="module")
 def fault_instance():
-    from tests.conftest import instance_leaks, require_root, stop_instance
+    from tests.conftest import SPARE_SLOTS, instance_leaks, require_root, stop_instance
 
     require_root()
-    inst = Instance(name=f"snapfault-{os.getpid()}", slot_base=260, slot_count=8)
+    inst = Instance(name=f"snapfault-{os.getpid()}", slot_base=SPARE_SLOTS[0], slot_count=8)
     yield inst
     stop_instance(inst)
     leaks = instance_leaks(inst)
     assert not any(leaks.values()), leaks
+
+
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    from drums_core.sessionprocs import is_alive
+
+    deadline = time.monotonic() + timeout
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not is_alive(pid), f"daemon {pid} did not die"
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=[w or "control" for w in WINDOWS])
@@ -41,6 +50,8 @@ def test_checkpoint_interrupted_at_each_boundary_then_retried(fault_instance, wi
     for attempt in range(3):
         faulty = Client(fault_instance, daemon_env={"DRUMS_FAULT_AT": window or ""})
         s = faulty.create(XTERM)
+        faulty_pid = faulty.ping()["pid"]
+        print("create timings", s["timings"], "daemon", faulty_pid)
         snap_id = uuid.uuid4().hex
         if window is None:
             faulty.checkpoint(s["id"], snapshot_id=snap_id)
@@ -48,6 +59,7 @@ def test_checkpoint_interrupted_at_each_boundary_then_retried(fault_instance, wi
             with pytest.raises(Unavailable) as exc:
                 faulty.checkpoint(s["id"], snapshot_id=snap_id)
             assert exc.value.reason in ("DAEMON_DIED",), exc.value
+            _wait_gone(faulty_pid)
         healthy = Client(fault_instance, daemon_env={"DRUMS_FAULT_AT": ""})
         snap = healthy.checkpoint(s["id"], snapshot_id=snap_id)
         assert snap["id"] == snap_id and snap["state"] == "committed"
