@@ -99,7 +99,25 @@ def _base_opts(images_dir: Path, work_fd: int, log_level: int) -> "rpc.criu_opts
     return opts
 
 
-def _call(kind: str, opts, work_dir: Path) -> CriuResult:
+def _watchdog(client, timeout: float, fired: list) -> threading.Timer:
+    """Kill CRIU's top process if the call outlives ``timeout``: a wedged CRIU must not wedge the daemon."""
+
+    def fire() -> None:
+        pid = getattr(client._comm, "swrk", None)
+        if pid:
+            fired.append(pid)
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    timer = threading.Timer(timeout, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _call(kind: str, opts, work_dir: Path, timeout: float) -> CriuResult:
     client = pycriu.criu()
     client.use_binary(str(CRIU_BIN))
     client.opts.MergeFrom(opts)
@@ -107,13 +125,21 @@ def _call(kind: str, opts, work_dir: Path) -> CriuResult:
     t0 = time.monotonic()
     resp = None
     failure: Exception | None = None
+    fired: list = []
+    timer = _watchdog(client, timeout, fired)
     try:
         resp = client.dump() if kind == "dump" else client.restore()
     except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
         failure = exc
     finally:
+        timer.cancel()
         log = pipe.close()
     seconds = time.monotonic() - t0
+    if fired:
+        lines = error_lines(log)
+        raise Unavailable(f"criu {kind} did not finish within {timeout:.0f}s and was killed; last lines: "
+                          f"{' | '.join(log[-3:])}", reason="CRIU_TIMEOUT",
+                          detail={"criu_log": lines, "tail": log[-20:], "op": kind})
     if failure is not None:
         errno = getattr(failure, "errno", None)
         lines = error_lines(log)
@@ -122,7 +148,8 @@ def _call(kind: str, opts, work_dir: Path) -> CriuResult:
     return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
 
 
-def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2) -> CriuResult:
+def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
+         timeout: float = 120.0) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -130,12 +157,13 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
         opts.pid = pid
         opts.leave_running = leave_running
         opts.tcp_established = True
-        return _call("dump", opts, work_dir)
+        return _call("dump", opts, work_dir, timeout)
     finally:
         os.close(work_fd)
 
 
-def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2) -> CriuResult:
+def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2,
+            timeout: float = 60.0) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -148,7 +176,7 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             pair = opts.veths.add()
             pair.if_in = inner
             pair.if_out = outer
-        res = _call("restore", opts, work_dir)
+        res = _call("restore", opts, work_dir, timeout)
         if not res.pid:
             raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
         return res

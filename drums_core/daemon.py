@@ -136,7 +136,7 @@ class Daemon:
         if op == "snapshot":
             return sup.store.resolve(args["snapshot"], args.get("scope"))
         if op == "delete_snapshot":
-            snap = sup.store.resolve(args["snapshot"], args.get("scope"))
+            snap = sup.store.resolve(args["snapshot"], args.get("scope"), any_boot=True)
             users = [s.id for s in sup.sessions.values() if snap.id in (s.snapshot or "") or
                      str(sup.store.path(snap.id) / "layer") in s.layers]
             sup.store.delete(snap.id, users)

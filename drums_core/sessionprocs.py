@@ -82,20 +82,42 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def kill_tree_under(root: str) -> int:
-    """SIGKILL every live process whose root directory is ``root`` (or below). Returns how many."""
-    root = os.path.realpath(root)
-    victims = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+def _refs_under(pid: int, top: str) -> bool:
+    """Whether the process's root, cwd or any open file is at or under ``top``."""
+    for link in ("root", "cwd"):
         try:
-            r = os.readlink(f"/proc/{pid}/root")
+            if _under(os.readlink(f"/proc/{pid}/{link}"), top):
+                return True
+        except OSError:
+            pass
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if _under(os.readlink(f"/proc/{pid}/fd/{fd}"), top):
+                return True
         except OSError:
             continue
-        if _under(r, root) and is_alive(pid):
-            victims.append((pid, starttime(pid)))
+    return False
+
+
+def kill_tree_under(top: str) -> int:
+    """SIGKILL every live process whose root, cwd or an open file is at or under ``top`` (a session's
+    directory: its restored tasks, and a CRIU still working on it). Returns how many."""
+    top = os.path.realpath(top)
+    me = os.getpid()
+    victims = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        if _refs_under(pid, top) and is_alive(pid):
+            try:
+                victims.append((pid, starttime(pid)))
+            except ProcessLookupError:
+                continue
     for pid, _start in victims:
         try:
             os.kill(pid, signal.SIGKILL)

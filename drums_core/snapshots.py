@@ -192,7 +192,7 @@ class SnapshotStore:
                 continue
         return sorted(out, key=lambda s: s.created)
 
-    def resolve(self, ref: str, scope: str | None = None) -> Snapshot:
+    def resolve(self, ref: str, scope: str | None = None, any_boot: bool = False) -> Snapshot:
         """A snapshot by id, or the newest committed one with that name (in ``scope`` when given)."""
         if not isinstance(ref, str) or not ref or "/" in ref or ".." in ref or "\x00" in ref:
             raise InvalidArgument(f"invalid snapshot reference {ref!r}", reason="INVALID_NAME")
@@ -205,7 +205,7 @@ class SnapshotStore:
                 raise NotFound(f"no snapshot named {ref!r}" + (f" in scope {scope!r}" if scope else ""),
                                reason="SNAPSHOT_NOT_FOUND")
             snap = named[-1]
-        if snap.boot_id != boot_id():
+        if snap.boot_id != boot_id() and not any_boot:
             raise FailedPrecondition(f"snapshot {snap.id} was made on another boot ({snap.boot_id})",
                                      reason="SNAPSHOT_OTHER_BOOT")
         return snap

@@ -367,7 +367,7 @@ class Supervisor:
             faults.hit("destroy-after-kill")
         if s.init_pid:
             wait_dead(s.init_pid, s.init_start, timeout=10)
-        counts["processes"] += kill_tree_under(s.root)
+        counts["processes"] += kill_tree_under(s.dir)
         link = X11_DIR / f"X{s.display}"
         if self.ledger.get("x11link", str(link)):
             if link.is_symlink():
@@ -584,6 +584,13 @@ class Supervisor:
         broken = self.store.broken_reason(snap.id)
         if broken:
             raise Internal(f"snapshot {snap.id} is broken: {broken}", reason="SNAPSHOT_BROKEN", detail=broken)
+        try:
+            # CRIU spins instead of failing on a truncated pages image: check the recorded sizes first
+            self.store.verify(snap)
+        except Internal as corrupt:
+            self.store.mark_broken(snap.id, corrupt.message)
+            raise Internal(f"snapshot {snap.id} has corrupt images: {corrupt.message}", reason="IMAGES_CORRUPT",
+                           detail={"verify": corrupt.message, "criu_log": []}) from corrupt
         slot = self._alloc_slot() if slot is None else slot
         s = self._new_session(spec, slot, sid)
         if hostname:

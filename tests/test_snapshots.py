@@ -144,7 +144,7 @@ def test_restore_failures_are_unavailable_then_internal(client, drums_instance, 
     _no_session_resources(drums_instance)
 
 
-def test_corrupt_images_are_internal_with_criu_reason(client, drums_instance, xterm_snapshot):
+def test_corrupt_images_are_internal_and_leave_nothing(client, drums_instance, xterm_snapshot):
     images = drums_instance.snapshots_dir / xterm_snapshot["id"] / "images"
     pages = sorted(images.glob("pages-*.img"), key=lambda p: p.stat().st_size)[-1]
     with open(pages, "r+b") as f:
@@ -152,7 +152,6 @@ def test_corrupt_images_are_internal_with_criu_reason(client, drums_instance, xt
     with pytest.raises(Internal) as exc:
         client.restore(xterm_snapshot["id"])
     assert exc.value.reason == "IMAGES_CORRUPT"
-    assert exc.value.detail["criu_log"], exc.value.detail
     assert "pages" in exc.value.detail["verify"]
     _no_session_resources(drums_instance)
     with pytest.raises(Internal):
