@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("session")
     ex.add_argument("--user", default=None)
     ex.add_argument("--timeout", type=float, default=120.0)
-    ex.add_argument("argv", nargs=argparse.REMAINDER)
+    ex.add_argument("argv", nargs="*", help="the command, after --")
     sub.add_parser("snapshots", help="list snapshots with sizes")
     dsn = sub.add_parser("delete-snapshot", help="delete a snapshot nobody uses")
     dsn.add_argument("snapshot")
@@ -72,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("rollouts", add_help=False, help="run scripted branches of a saved state and score them")
     sd = sub.add_parser("shutdown", help="stop the daemon (sessions survive unless --destroy)")
     sd.add_argument("--destroy", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv and "exec" in argv[: argv.index("--")]:  # after --: the command of `drums exec`
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
     args, rest = parser.parse_known_args(argv)
+    if args.cmd == "exec":
+        args.argv = list(args.argv) + command
     if args.cmd == "doctor":
         from .doctor import main as doctor_main
 
@@ -127,8 +134,7 @@ def _run(args, client: Client) -> int:
             f.write(png)
         _out(args, {"path": args.output, "bytes": len(png)}, f"wrote {args.output} ({len(png)} bytes)")
     elif args.cmd == "exec":
-        cmd = args.argv[1:] if args.argv and args.argv[0] == "--" else args.argv
-        res = client.exec(args.session, cmd, user=args.user, timeout=args.timeout)
+        res = client.exec(args.session, args.argv, user=args.user, timeout=args.timeout)
         if args.json:
             print(json.dumps(res, indent=1))
         else:
