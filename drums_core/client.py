@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Instance, instance_from_env
+from .config import VENV, Instance, instance_from_env
 from .errors import DrumsError, Unavailable, from_wire
 
 
@@ -98,7 +98,9 @@ class Client:
             env.update(self.daemon_env)
             pkg_parent = str(Path(__file__).resolve().parent.parent)
             env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            argv = [sys.executable, "-m", "drums_core.daemon", "--instance", self.instance.name,
+            # the daemon needs pycriu and pyroute2: run it with Drums' own venv, whatever this client runs in
+            python = str(VENV / "bin/python") if (VENV / "bin/python").exists() else sys.executable
+            argv = [python, "-m", "drums_core.daemon", "--instance", self.instance.name,
                     "--slot-base", str(self.instance.slot_base), "--slot-count", str(self.instance.slot_count)]
             errlog = open(root / f"{self.instance.name}.stderr", "ab")
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
