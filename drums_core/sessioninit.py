@@ -18,6 +18,7 @@ import time
 
 SPEC_PATH = "/etc/drums/session.json"
 LOG_DIR = "/run/drums"
+WM_SETTLE_SECONDS = 0.2
 
 
 def _user_env(spec: dict) -> dict:
@@ -91,6 +92,9 @@ def main() -> None:
     if spec.get("window_manager"):
         _start("wm", [spec["window_manager"]], spec, as_user=True)
         _wait_wm(spec, 20)
+        # openbox advertises itself before it handles requests; an Xt client (xterm) that maps in
+        # that gap waits out its 5 s wmTimeout (seen in 3 of 10 cold boots; none with this pause)
+        time.sleep(WM_SETTLE_SECONDS)
     if spec.get("dbus") and shutil.which("dbus-daemon"):
         _start("dbus", ["dbus-daemon", "--session", f"--address=unix:path=/run/user/{spec['uid']}/bus",
                         "--nofork", "--nopidfile", "--nosyslog"], spec, as_user=True)
