@@ -1,0 +1,18 @@
+"""Fixtures for the gymnasium env, rollouts and demo tests (helpers in gymlib.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture
+def instance_env(drums_instance, monkeypatch):
+    """Point DRUMS_INSTANCE (and its slots) at the suite's daemon, for code that builds its own Client."""
+    monkeypatch.setenv("DRUMS_INSTANCE", drums_instance.name)
+    monkeypatch.setenv("DRUMS_SLOT_BASE", str(drums_instance.slot_base))
+    monkeypatch.setenv("DRUMS_SLOT_COUNT", str(drums_instance.slot_count))
+    return drums_instance
