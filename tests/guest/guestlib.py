@@ -43,7 +43,7 @@ def _server_python() -> str:
         if cand and os.path.exists(cand) and subprocess.run(
                 [cand, "-c", probe], capture_output=True).returncode == 0:
             return cand
-    pytest.skip("no interpreter with flask, python-xlib, Pillow, numpy and pyautogui")
+    pytest.fail("no interpreter with flask, python-xlib, Pillow, numpy and pyautogui")
 
 
 def tagged_pids(tag: str = TAG) -> list[int]:
@@ -109,7 +109,7 @@ class XServer:
 
     def start(self) -> None:
         if not shutil.which("Xvfb") or not shutil.which("openbox"):
-            pytest.skip("Xvfb and openbox are needed")
+            pytest.fail("Xvfb and openbox are needed")
         for n in list(range(91, 100)) + list(range(60, 91)):
             if os.path.exists(f"/tmp/.X{n}-lock") or os.path.exists(f"/tmp/.X11-unix/X{n}"):
                 continue
@@ -129,7 +129,7 @@ class XServer:
             p.kill()
             p.wait()
         else:
-            pytest.skip("no free X display number")
+            pytest.fail("no free X display number")
         env = tagged_env(DISPLAY=self.display)
         log = open(os.path.join(self.logdir, "openbox.log"), "wb")
         self.procs.append(subprocess.Popen(["openbox"], stdout=log, stderr=log, env=env,

@@ -32,7 +32,7 @@ def osworld_venv():
     try:
         return ensure_osworld_venv()
     except Exception as exc:  # noqa: BLE001 - no PyPI mirror, no venv: say so
-        pytest.skip(f"OSWorld test venv unavailable: {exc}")
+        pytest.fail(f"OSWorld test venv unavailable: {exc}")
 
 
 def _run(guest, snippet: str, **env) -> dict:
@@ -188,7 +188,7 @@ def test_setup_controller_and_getters(osworld_venv, guest, tmp_path):
 
 def test_recording_through_controller(osworld_venv, guest, tmp_path):
     if shutil.which("ffmpeg") is None:
-        pytest.skip("ffmpeg not installed")
+        pytest.fail("ffmpeg not installed")
     dest = tmp_path / "recording.mp4"
     out = _run(guest, f"""
         pc.start_recording()
