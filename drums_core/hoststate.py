@@ -92,6 +92,9 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
                    for m in host_mounts if m.mountpoint.startswith(CRIU_TMP_PREFIX)]
 
     own_ns = procs.mnt_ns("self")
+    # a namespace that only holds a copy of a host mount (same identity, or a peer of it) is not a holder
+    host_keys = {(m.dev, m.root, m.mountpoint) for m in host_mounts}
+    host_groups = {g for m in host_mounts for g in m.shared_groups}
     holders: dict[str, list[dict]] = {}
     seen_ns: dict[str, list[procs.MountInfo] | None] = {}
     for p in table.values():
@@ -109,7 +112,10 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
         if not ns_mounts:
             continue
         for run, ds in dirs.items():
-            if any(procs.within_any(ref, ds) for m in ns_mounts for ref in m.referenced_paths()):
+            if any(any(procs.within_any(ref, ds) for ref in m.referenced_paths())
+                   and (m.mountpoint == "/" or ((m.dev, m.root, m.mountpoint) not in host_keys
+                                                and not m.peer_groups & host_groups))
+                   for m in ns_mounts):
                 holders.setdefault(run, []).append(_proc_dict(p))
 
     try:

@@ -355,7 +355,7 @@ class Supervisor:
         return int(out.stdout.strip().splitlines()[-1])
 
     # ----------------------------------------------------------------- teardown
-    def _teardown(self, s: Session) -> dict:
+    def _teardown(self, s: Session, from_destroy: bool = False) -> dict:
         """Remove everything a session holds, forgetting each resource once it is gone."""
         counts = {"processes": 0, "mounts": 0, "links": 0}
         if s.init_pid and is_alive(s.init_pid, s.init_start):
@@ -364,7 +364,8 @@ class Supervisor:
                 counts["processes"] += 1
             except ProcessLookupError:
                 pass
-            faults.hit("destroy-after-kill")
+            if from_destroy:
+                faults.hit("destroy-after-kill")
         if s.init_pid:
             wait_dead(s.init_pid, s.init_start, timeout=10)
         counts["processes"] += kill_tree_under(s.dir)
@@ -376,7 +377,8 @@ class Supervisor:
         if Path(s.dir).exists():
             counts["mounts"] += rootfs.unmount_tree(Path(s.dir))
         self.ledger.forget("mount", s.root)
-        faults.hit("destroy-after-unmount")
+        if from_destroy:
+            faults.hit("destroy-after-unmount")
         if self.ledger.get("link", s.ifname):
             try:
                 netns.wait_link_gone(s.ifname, timeout=3)
@@ -403,7 +405,7 @@ class Supervisor:
         try:
             s.state = State.STOPPING
             self.ledger.update("session", s.id, state=State.STOPPING.value)
-            return self._teardown(s)
+            return self._teardown(s, from_destroy=True)
         finally:
             s.lock.release()
 
@@ -470,6 +472,8 @@ class Supervisor:
         self._set_state(s, State.CHECKPOINTING)
         staging = self.store.staging(snap_id)
         self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, staging=str(staging))
+        # swept unless it holds a manifest (then the next daemon publishes it)
+        self.ledger.record("snapshot", snap_id, dir=str(staging), session=s.id)
         faults.hit("checkpoint-before-staging")
         (staging / "dump").mkdir(parents=True, exist_ok=True)
         procs = [[p.nspid, p.comm] for p in session_processes(s.init_pid)]
@@ -489,6 +493,7 @@ class Supervisor:
             res = criu.dump(s.init_pid, staging / "dump", staging)
         except Unavailable as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            self.ledger.forget("snapshot", snap_id)
             self.ledger.forget("op", f"checkpoint/{snap_id}")
             if is_alive(s.init_pid, s.init_start):
                 self._wire_network(s, create=True)
@@ -508,6 +513,7 @@ class Supervisor:
         faults.hit("checkpoint-after-dump")
         wait_dead(s.init_pid, s.init_start, timeout=10)
         snap = self.store.finish(snap_id)
+        self.ledger.forget("snapshot", snap_id)
         self.ledger.forget("mount", s.root)
         self.ledger.forget("op", f"checkpoint/{snap_id}")
         faults.hit("checkpoint-committed")
