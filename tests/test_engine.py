@@ -224,7 +224,8 @@ def test_25_chained_cycles_return_mounts_and_links(client, drums_instance):
         snap = nxt
     assert len(snap["layers"]) == 26
     after = host_leaks()
-    assert len(after["mounts"]) == len(base["mounts"]), (base, after)
+    mine = str(drums_instance.state_dir)
+    assert [m for m in after["mounts"] if m.startswith(mine)] == [m for m in base["mounts"] if m.startswith(mine)]
     assert instance_links(drums_instance) == []
     for sid in reversed(made):
         client.delete_snapshot(sid)

@@ -56,13 +56,18 @@ class Recorder:
                 self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                                               stdout=subprocess.DEVNULL, stderr=log,
                                               start_new_session=True)
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline:
+            # Return once ffmpeg has opened its output (its grab is running): a stop that arrives
+            # before that leaves an empty file, which a loaded machine made happen. At least 1 s.
+            started = time.monotonic()
+            while True:
                 if self._proc.poll() is not None:
                     self._proc = None
                     raise RecordingError(
                         500, "Failed to start recording. ffmpeg terminated unexpectedly. "
                         f"Error: {self._log_tail()}")
+                waited = time.monotonic() - started
+                if waited >= 1.0 and (os.path.exists(self.path) or waited >= 15.0):
+                    break
                 time.sleep(0.05)
 
     def stop(self) -> str:
