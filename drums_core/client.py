@@ -44,12 +44,14 @@ class Client:
     # -------------------------------------------------------------- transport
     def _connect(self) -> socket.socket:
         sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sk.settimeout(self.timeout)
         try:
+            # Connect blocking: with a timeout set, a full listen backlog makes an AF_UNIX connect
+            # fail at once with EAGAIN (BlockingIOError) instead of waiting for the daemon to accept.
             sk.connect(str(self.instance.socket))
         except OSError:
             sk.close()
             raise
+        sk.settimeout(self.timeout)
         return sk
 
     def call(self, op: str, **args):

@@ -195,6 +195,7 @@ class Daemon:
 
         class Server(socketserver.ThreadingUnixStreamServer):
             daemon_threads = True
+            request_queue_size = 128  # a 16-way branch's clients connect at once (the default is 5)
 
         old = os.umask(0o177)
         try:
@@ -230,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, filename=str(instance.state_root / f"{instance.name}.log"),
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
+    if os.environ.get("DRUMS_KSM") == "1":
+        # Inherited over fork and exec: every session this daemon launches and every task CRIU
+        # restores (forked from its criu swrk child) is KSM-mergeable. Whether ksmd runs
+        # (/sys/kernel/mm/ksm/run) stays the operator's choice.
+        linux.prctl(linux.PR_SET_MEMORY_MERGE, 1)
     for sig in (signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     d = Daemon(instance, liveness_delay=args.liveness_delay)

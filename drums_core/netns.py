@@ -57,10 +57,47 @@ def configure_host_side(ifname: str, host_addr: str) -> None:
             raise Unavailable(f"cannot configure {ifname}: {exc}", reason="NETLINK", detail={"errno": exc.code}) from exc
 
 
+def in_namespaces(pid: int, kinds: dict, fn):
+    """Run ``fn()`` in a fresh thread that has joined ``pid``'s namespaces (``{"net": CLONE_NEWNET}``).
+
+    Network and UTS namespaces are per thread, so a short-lived thread can join them without a
+    fork and without touching the rest of the process; the thread ends with ``fn``.
+    """
+    import os
+    import threading
+
+    from . import linux
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            for kind, flag in kinds.items():
+                fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    linux.setns(fd, flag)
+                finally:
+                    os.close(fd)
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=f"ns-{pid}")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
 def configure_guest_side(pid: int, guest_addr: str, host_addr: str) -> None:
     """Give the session's eth0 its slot address (replacing any address it was dumped with)."""
+    in_namespaces(pid, {"net": 0x40000000}, lambda: _configure_guest_here(pid, guest_addr))
+
+
+def _configure_guest_here(pid: int, guest_addr: str) -> None:
     try:
-        with IPRoute(netns=_ns_path(pid), flags=0) as ipr:
+        with IPRoute() as ipr:
             lo = ipr.link_lookup(ifname="lo")
             if lo:
                 ipr.link("set", index=lo[0], state="up")

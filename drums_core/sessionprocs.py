@@ -103,17 +103,42 @@ def _refs_under(pid: int, top: str) -> bool:
     return False
 
 
+def _mount_devs_under(top: str) -> set[int]:
+    """Device numbers of the mounts at or under ``top`` in this mount namespace (a session's overlay)."""
+    devs = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if _under(parts[4], top):
+                major, minor = (int(x) for x in parts[2].split(":"))
+                devs.add(os.makedev(major, minor))
+    return devs
+
+
+def _root_dev(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/root").st_dev
+    except OSError:
+        return None
+
+
 def kill_tree_under(top: str) -> int:
     """SIGKILL every live process whose root, cwd or an open file is at or under ``top`` (a session's
-    directory: its restored tasks, and a CRIU still working on it). Returns how many."""
+    directory: its restored tasks, and a CRIU still working on it). Returns how many.
+
+    A task that pivoted into the session's root (its init, every task CRIU restored) reads ``/`` as
+    ``/proc/<pid>/root``: it is found by its root's device, the session overlay's own, which is why
+    this must run while the overlay is still mounted.
+    """
     top = os.path.realpath(top)
+    devs = _mount_devs_under(top)
     me = os.getpid()
     victims = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
         pid = int(name)
-        if _refs_under(pid, top) and is_alive(pid):
+        if (_refs_under(pid, top) or (devs and _root_dev(pid) in devs)) and is_alive(pid):
             try:
                 victims.append((pid, starttime(pid)))
             except ProcessLookupError:

@@ -628,20 +628,38 @@ class Supervisor:
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
             faults.hit("restore-after-criu")
             faults.fail("restore-resume")
-            self._wire_network(s, create=True)
-            s.timings["network"] = time.monotonic() - t0
-            if reseed:
-                self._reseed(s)
-            else:
-                rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
             self._x11_link(s)
-            faults.hit("restore-after-register")
-            faults.fail("restore-readiness")
             expect = expect_window if expect_window is not None else (spec.expect_window or
                                                                        (snap.windows[0] if snap.windows else None))
-            display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
-                               require_window=expect is not None)
-            if spec.wait_port:
+            # X readiness needs neither the network nor the reseed: wait for it meanwhile.
+            ready_box: dict = {}
+
+            def _ready() -> None:
+                try:
+                    display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
+                                       require_window=expect is not None)
+                    ready_box["t"] = time.monotonic() - t0
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the restoring thread
+                    ready_box["error"] = exc
+
+            waiter = threading.Thread(target=_ready, name=f"ready-{s.id}")
+            waiter.start()
+            try:
+                self._wire_network(s, create=True)
+                s.timings["network"] = time.monotonic() - t0
+                if reseed:
+                    self._reseed(s)
+                else:
+                    rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
+                s.timings["reseed"] = time.monotonic() - t0
+            finally:
+                waiter.join()
+            if "error" in ready_box:
+                raise ready_box["error"]
+            s.timings["display"] = ready_box.get("t")
+            faults.hit("restore-after-register")
+            faults.fail("restore-readiness")
+            if spec.wait_port and not (reseed and spec.reseed_path):  # the reseed already spoke to the port
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
             s.timings["ready"] = time.monotonic() - t0
             self._set_state(s, State.RUNNING)
@@ -683,10 +701,12 @@ class Supervisor:
         faults.hit("restore-mid-reseed")
         faults.fail("restore-reseed")
         rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
-        out = subprocess.run(["nsenter", "-t", str(s.init_pid), "-u", "hostname", s.hostname],
-                             capture_output=True, text=True, timeout=10)
-        if out.returncode != 0:
-            raise Unavailable(f"could not set hostname: {out.stderr.strip()}", reason="RESEED_FAILED")
+        import socket as _socket
+
+        try:
+            netns.in_namespaces(s.init_pid, {"uts": 0x04000000}, lambda: _socket.sethostname(s.hostname))
+        except OSError as exc:
+            raise Unavailable(f"could not set hostname: {exc}", reason="RESEED_FAILED") from exc
         if s.spec.reseed_path and s.spec.wait_port:
             url = f"http://{s.address}:{s.spec.wait_port}{s.spec.reseed_path}"
             deadline = time.monotonic() + 10

@@ -127,7 +127,7 @@ def test_rename_lower_dir_and_fast_sudo(client, writer_snapshot):
         client.destroy(s["id"])
 
 
-def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snapshot):
+def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snapshot, drums_instance):
     from tests.conftest import host_leaks
 
     (s,) = client.restore(writer_snapshot["id"])
@@ -145,7 +145,8 @@ def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snap
         assert exc.value.reason == "SESSION_BROKEN" and "python" in str(exc.value)
     finally:
         client.destroy(s["id"])
-    mounts_before = len([m for m in host_leaks()["mounts"] if "/pytest-" in m])
+    mine = str(drums_instance.state_dir) + "/"
+    mounts_before = len([m for m in host_leaks()["mounts"] if m.startswith(mine)])
     killer_stop = threading.Event()
 
     def killer():
@@ -169,7 +170,7 @@ def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snap
         t.join()
     assert client.list() == []
     leaks = host_leaks()
-    assert len([m for m in leaks["mounts"] if "/pytest-" in m]) == mounts_before, leaks
+    assert len([m for m in leaks["mounts"] if m.startswith(mine)]) == mounts_before, leaks
 
 
 RLIMIT_PROC = ("import resource, threading, time\n"
