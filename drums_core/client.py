@@ -116,9 +116,11 @@ class Client:
                 except OSError:
                     if proc.poll() is not None:
                         tail = (root / f"{self.instance.name}.stderr").read_text()[-2000:]
-                        raise Unavailable(f"drumsd exited with {proc.returncode}: {tail}", reason="DAEMON_START_FAILED")
+                        raise Unavailable(f"drumsd exited with {proc.returncode}: {tail}",
+                                          reason="DAEMON_START_FAILED") from None
                     time.sleep(0.05)
-            raise Unavailable(f"drumsd did not open {self.instance.socket} within {wait}s", reason="DAEMON_START_FAILED")
+            raise Unavailable(f"drumsd did not open {self.instance.socket} within {wait}s",
+                              reason="DAEMON_START_FAILED")
         finally:
             os.close(lock)
 

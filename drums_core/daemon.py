@@ -97,7 +97,8 @@ class Daemon:
         if not isinstance(args, dict):
             raise InvalidArgument("args must be an object", reason="BAD_REQUEST")
         if op == "ping":
-            return {"run": sup.run, "pid": os.getpid(), "instance": self.instance.name, "uptime": time.time() - self.started}
+            return {"run": sup.run, "pid": os.getpid(), "instance": self.instance.name,
+                    "uptime": time.time() - self.started}
         if op == "create":
             return sup.create(args.get("spec"))
         if op == "checkpoint":
@@ -172,7 +173,8 @@ class Daemon:
         except KeyError as exc:
             return {"ok": False, "error": InvalidArgument(f"missing argument {exc}", reason="BAD_REQUEST").to_wire()}
         except json.JSONDecodeError as exc:
-            return {"ok": False, "error": InvalidArgument(f"request is not JSON: {exc}", reason="BAD_REQUEST").to_wire()}
+            bad = InvalidArgument(f"request is not JSON: {exc}", reason="BAD_REQUEST")
+            return {"ok": False, "error": bad.to_wire()}
         except Exception as exc:  # noqa: BLE001 - anything unknown crosses the boundary as Internal
             log.exception("internal error")
             return {"ok": False, "error": Internal(f"internal error: {exc!r}").to_wire()}

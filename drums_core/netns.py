@@ -41,7 +41,8 @@ def create_veth(ifname: str, pid: int) -> None:
         try:
             ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": GUEST_IFNAME, "net_ns_pid": pid})
         except NetlinkError as exc:
-            raise Unavailable(f"cannot create veth {ifname}: {exc}", reason="NETLINK", detail={"errno": exc.code}) from exc
+            raise Unavailable(f"cannot create veth {ifname}: {exc}", reason="NETLINK",
+                              detail={"errno": exc.code}) from exc
 
 
 def configure_host_side(ifname: str, host_addr: str) -> None:
@@ -54,7 +55,8 @@ def configure_host_side(ifname: str, host_addr: str) -> None:
             ipr.addr("add", index=idx[0], address=host_addr, prefixlen=30)
             ipr.link("set", index=idx[0], state="up")
         except NetlinkError as exc:
-            raise Unavailable(f"cannot configure {ifname}: {exc}", reason="NETLINK", detail={"errno": exc.code}) from exc
+            raise Unavailable(f"cannot configure {ifname}: {exc}", reason="NETLINK",
+                              detail={"errno": exc.code}) from exc
 
 
 def in_namespaces(pid: int, kinds: dict, fn):

@@ -764,7 +764,8 @@ class Supervisor:
         s = self._usable(sid)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
-        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "--preserve-credentials", "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "--preserve-credentials",
+               "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
         env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
         if user not in (None, "root"):
             if user != SESSION_USER:

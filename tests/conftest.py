@@ -63,7 +63,8 @@ def host_leaks(state_dir: Path | None = None) -> dict:
              if ln.split(":")[1].strip().startswith("dvh") and not ln.split(":")[1].strip().startswith("dvhdoc")]
     tables = [ln for ln in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.splitlines()
               if " drums" in ln]
-    xlinks = [p.name for p in Path("/tmp/.X11-unix").glob("X*") if p.is_symlink()] if Path("/tmp/.X11-unix").exists() else []
+    xdir = Path("/tmp/.X11-unix")
+    xlinks = [p.name for p in xdir.glob("X*") if p.is_symlink()] if xdir.exists() else []
     return {"processes": procs, "mounts": mounts, "links": links, "nft": tables, "x11links": xlinks}
 
 

@@ -40,7 +40,8 @@ def writer_snapshot(drums_instance):
     s = c.create(WRITER)
     try:
         c.exec(s["id"], ["bash", "-c", f"cat > /home/user/drawer.py <<'EOF'\n{DRAWER}EOF"], user="user")
-        sh(c, s["id"], "setsid -f python /home/user/drawer.py >/dev/null 2>&1 < /dev/null; sleep 0.5; pgrep -f drawer.py")
+        sh(c, s["id"], "setsid -f python /home/user/drawer.py >/dev/null 2>&1 < /dev/null; sleep 0.5; "
+           "pgrep -f drawer.py")
         sh(c, s["id"], "mkdir -p /home/user/lowerdir/sub && echo x > /home/user/lowerdir/sub/f")
         snap = c.checkpoint(s["id"], name="writer-base")
     except BaseException:
@@ -196,7 +197,8 @@ def test_rlimit_fsize_zero_threads_survive_ten_restores(client):
     for _ in range(10):
         (r,) = client.restore(snap["id"], wait_live=True)
         try:
-            threads = client.exec(r["id"], ["bash", "-c", "ls /proc/$(pgrep -f '^python /root/rl.py')/task | wc -l"])["stdout"]
+            count = "ls /proc/$(pgrep -f '^python /root/rl.py')/task | wc -l"
+            threads = client.exec(r["id"], ["bash", "-c", count])["stdout"]
             assert threads.strip() == "3", threads
         finally:
             client.destroy(r["id"])
