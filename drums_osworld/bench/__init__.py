@@ -1,0 +1,98 @@
+"""``drums bench <suite>``: the published numbers, reproduced side by side on this machine.
+
+    drums bench branch [--json] [--out DIR] [--quick]
+    python -m drums_osworld.bench fanout --quick
+
+Suites (each interleaves its arms in one run, since these machines are noisy and the figure of
+merit is a ratio measured side by side; each shows a progress bar on stderr and writes
+``<suite>.json``, ``<suite>.md`` and ``<suite>.png`` under ``--out``, default /var/tmp/drums-bench):
+
+=============  ==================================================================================
+branch         cold desktop + the Writer task's setup vs restore of its post-setup checkpoint,
+               both to agent-ready (window titled LibreOffice Writer, >10% non-blank pixels)
+checkpoint     dump time and image size of that desktop, with and without leave-running
+memory         PSS per added session over 1..12 sessions: cold, restored, restored + KSM
+fanout         1, 4, 8, 16 siblings restored at once: wall time until all are ready and alive
+soak           16-way fan-outs until >= 1000 restores: failures (with CRIU's error), leaks after
+step           round trip of a gym-like step (pyautogui action + screenshot) and of /screenshot
+osworld        per-rollout reset through DesktopEnv(provider_name="drums"): reuse none vs post_setup
+profile        where a restore's time goes, phase by phase, inside and outside CRIU
+=============  ==================================================================================
+
+``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
+own (``bench``: slots 300..363; ``--instance`` and ``--slot-base`` choose another), started
+fresh and stopped, swept and unmounted afterwards; the JSON says what was left on the host
+(``cleanup.leaked``, which must be 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+SUITES = {
+    "branch": ("branch", "run_branch"),
+    "checkpoint": ("branch", "run_checkpoint"),
+    "memory": ("memory", "run_memory"),
+    "fanout": ("fanout", "run_fanout"),
+    "soak": ("fanout", "run_soak"),
+    "step": ("step", "run_step"),
+    "osworld": ("osworld", "run_osworld"),
+    "profile": ("profile", "run_profile"),
+}
+
+__all__ = ["SUITES", "main", "run_suite"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="drums bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", choices=[*SUITES, "all"], help="which suite to run ('all' runs them in turn)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--out", type=Path, default=None, help="directory for <suite>.json/.md/.png "
+                                                          "(default /var/tmp/drums-bench)")
+    p.add_argument("--quick", action="store_true", help="small counts: a smoke test, not a measurement")
+    p.add_argument("--rounds", type=int, default=None, help="override the suite's repetition count")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--instance", default="bench", help="daemon instance name (default bench; the memory "
+                                                       "suite adds <name>-ksm, profile <name>-prof)")
+    p.add_argument("--osworld-python", default=None, help="interpreter with desktop-env 1.0.2 for the osworld "
+                                                          "suite (default $DRUMS_OSWORLD_PYTHON or "
+                                                          "/opt/drums/osworld-venv/bin/python)")
+    p.add_argument("--slot-base", type=int, default=300, help="first of the 100 slots the suites may use "
+                                                              "(default 300)")
+    return p
+
+
+def run_suite(name: str, opts: argparse.Namespace) -> dict:
+    import importlib
+
+    module, func = SUITES[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)(opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from . import report
+    from .common import DEFAULT_OUT, BenchError
+
+    opts = _parser().parse_args(argv)
+    out = opts.out or DEFAULT_OUT
+    names = list(SUITES) if opts.suite == "all" else [opts.suite]
+    results = []
+    rc = 0
+    for name in names:
+        try:
+            res = run_suite(name, opts)
+        except BenchError as exc:
+            print(f"drums bench {name}: {exc}", file=sys.stderr)
+            rc = 1
+            continue
+        report.write(res, out)
+        results.append(res)
+        if not opts.json:
+            print(report.markdown(res))
+            print(f"(written: {', '.join(res['files'].values())})\n")
+    if opts.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=1, default=str))
+    return rc

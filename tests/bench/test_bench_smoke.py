@@ -1,0 +1,184 @@
+"""``drums bench <suite> --quick`` for every suite: the JSON has the right shape and sane numbers.
+
+Smoke tests, not measurements: nothing here asserts a time (these machines are noisy; the suites
+report ratios measured side by side). Each suite runs on a daemon instance of its own
+(``benchtest-<pid>``, slots 400..499), which it starts and stops itself; every suite must leave
+nothing of it on the host, put KSM's settings back, and count no failure.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+INSTANCE = f"benchtest-{os.getpid()}"
+SLOT_BASE = 400
+KSM_KEYS = ("run", "pages_to_scan", "sleep_millisecs")
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the bench needs root (real namespaces, mounts, CRIU)")
+
+
+def _ksm() -> dict:
+    base = Path("/sys/kernel/mm/ksm")
+    return {k: (base / k).read_text().strip() for k in KSM_KEYS} if base.is_dir() else {}
+
+
+def run_quick(suite: str, out: Path, capsys, extra: list[str] | None = None) -> dict:
+    from drums_osworld.bench import main
+
+    rc = main([suite, "--quick", "--json", "--no-progress", "--out", str(out), "--instance", INSTANCE,
+               "--slot-base", str(SLOT_BASE), *(extra or [])])
+    printed = capsys.readouterr().out
+    assert rc == 0, f"drums bench {suite} --quick exited {rc}"
+    res = json.loads(printed)
+    on_disk = json.loads((out / f"{suite}-quick.json").read_text())
+    assert on_disk["suite"] == res["suite"] == suite
+    assert res["quick"] is True
+    for kind in ("json", "markdown", "png"):
+        assert Path(res["files"][kind]).is_file(), f"{kind} file missing: {res['files']}"
+    assert (out / f"{suite}-quick.md").read_text().startswith(f"# drums bench {suite}")
+    host = res["host"]
+    assert host["kernel"] and host["cpus"] >= 1 and "criu" in host
+    assert isinstance(res["table"], list) and res["table"], "empty table"
+    assert isinstance(res["summary"], dict) and res["summary"]
+    assert res["plot"]["series"], "nothing to plot"
+    return res
+
+
+def assert_clean(res: dict) -> None:
+    cleanups = res["cleanup"]
+    if "leaks" in cleanups:
+        cleanups = {"main": cleanups}
+    for name, c in cleanups.items():
+        assert c["leaked"] == 0, f"{name} left resources on the host: {c['leaks']}"
+
+
+def positive(values) -> bool:
+    values = list(values)
+    return bool(values) and all(isinstance(v, (int, float)) and v > 0 for v in values)
+
+
+@pytest.fixture
+def out(tmp_path):
+    require_root()
+    return tmp_path
+
+
+def test_branch(out, capsys):
+    res = run_quick("branch", out, capsys)
+    arms = res["arms"]
+    assert set(arms) == {"cold+setup", "cold+launch", "restore"}
+    for name, arm in arms.items():
+        assert len(arm["samples"]) == res["params"]["rounds"] == 2, name
+        assert positive(arm["samples"]), name
+        assert arm["stats"]["n"] == 2 and arm["stats"]["p50"] > 0
+        for d in arm["detail"]:
+            assert d["nonblank"] > 0.10, f"{name}: agent-ready with a blank screen: {d}"
+    for d in arms["restore"]["detail"]:
+        assert d["daemon"]["criu"] > 0 and d["call"] <= d["ready"]
+    for d in arms["cold+setup"]["detail"]:
+        assert 0 < d["boot"] <= d["setup"] <= d["ready"]
+    s = res["summary"]
+    assert s["speedup cold+setup/restore (p50s)"] > 0
+    assert isinstance(s["target restore <= cold+setup/8 and < 0.5 s"], bool)
+    assert res["failures"] == [] and res["liveness_failures"] == []
+    assert_clean(res)
+
+
+def test_checkpoint(out, capsys):
+    res = run_quick("checkpoint", out, capsys)
+    assert set(res["arms"]) == {"dump", "dump+leave-running"}
+    for name, arm in res["arms"].items():
+        assert len(arm["rows"]) == 1, name
+        row = arm["rows"][0]
+        assert 0 < row["dump"] <= row["call"], row
+        assert 0 < row["images_mib"] <= row["size_mib"], row
+        assert row["processes"] > 3
+    assert res["arms"]["dump+leave-running"]["rows"][0]["agent_ready_again"] > 0
+    assert res["failures"] == []
+    assert_clean(res)
+
+
+def test_memory(out, capsys):
+    before = _ksm()
+    res = run_quick("memory", out, capsys)
+    assert _ksm() == before, "the memory suite did not put KSM's settings back"
+    for arm in ("cold", "restored", "restored+ksm"):
+        curves = res["curves"][arm]
+        assert len(curves) == 1, arm
+        pts = curves[0]
+        assert [p["sessions"] for p in pts] == [1, 2], arm
+        assert positive(p["pss"] for p in pts), arm
+        assert all(p["processes"] > 3 * p["sessions"] for p in pts), arm
+        assert isinstance(res["slopes_mib_per_session"][arm]["pss"][0], float)
+    assert len(res["ksm_cost"]) == 1 and res["ksm_cost"][0]["ksmd_cpu_s"] >= 0
+    assert res["failures"] == []
+    assert_clean(res)
+
+
+def test_fanout(out, capsys):
+    res = run_quick("fanout", out, capsys)
+    assert res["params"]["sizes"] == [1, 4]
+    for n in ("1", "4"):
+        rows = res["rows"][n]
+        assert len(rows) == 1
+        row = rows[0]
+        assert 0 < row["call"] <= row["ready"]
+        assert len(row["each_ready"]) == len(row["daemon_ready"]) == int(n)
+        assert row["incomplete_at_ready"] == [] and row["liveness_failures"] == []
+    assert res["check_overhead"]["n"] == 3
+    assert res["failures"] == []
+    assert_clean(res)
+
+
+def test_soak(out, capsys):
+    res = run_quick("soak", out, capsys)
+    s = res["summary"]
+    assert s["restores attempted"] >= 8
+    assert s["failed fan-outs"] == 0 and s["liveness failures"] == 0 and s["destroy errors"] == 0
+    assert s["leaks between fan-outs"] == 0
+    assert res["daemon_counters"]["restores"] >= 8
+    assert len(res["fanout_walls"]) == res["params"]["fanouts"] == 2
+    assert_clean(res)
+
+
+def test_step(out, capsys):
+    res = run_quick("step", out, capsys)
+    for arm, st in res["stats_ms"].items():
+        assert st["n"] == 3 and st["p50"] > 0, arm
+    assert res["server_screenshot"]["png bytes p50"] > 1000
+    assert res["failures"] == []
+    assert_clean(res)
+
+
+def test_profile(out, capsys):
+    res = run_quick("profile", out, capsys)
+    assert len(res["per_restore"]) == 2
+    for row in res["per_restore"]:
+        assert 0 < row["criu.restore"] < row["restore_call"], row
+        assert row["display.wait_ready"] > 0
+    tl = res["criu_timeline_ms"]
+    assert tl["end"] > 0 and tl["last task restored"] <= tl["end"]
+    assert res["readiness_side_by_side_s"]["lean_ready_state"]["n"] == 2
+    assert_clean(res)
+
+
+def test_osworld(out, capsys, monkeypatch):
+    from osworld_harness import ensure_osworld_venv, stub_dir
+
+    venv = ensure_osworld_venv()
+    monkeypatch.setenv("DRUMS_OSWORLD_PYTHONPATH", str(stub_dir(venv)))
+    res = run_quick("osworld", out, capsys, ["--osworld-python", str(venv / "bin/python")])
+    rows = res["rollouts"]
+    assert res["failures"] == [], res["failures"]
+    assert len(rows) == 2 * 2 * 3, rows
+    for r in rows:
+        assert r["reset"] > 0 and r["mode"] in ("none", "post_setup")
+    for key, st in res["stats"].items():
+        assert st["steady"]["n"] == 2 and len(st["first"]) == 1, key
+    assert_clean(res)
