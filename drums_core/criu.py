@@ -6,6 +6,7 @@ nowhere else.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from pycriu import rpc_pb2 as rpc  # noqa: E402
 _pycriu_mod = _sys.modules["pycriu.criu"]  # the module; ``pycriu.criu`` is shadowed by the class
 
 LOG_NAME = "criu.log"
+log_module = logging.getLogger("drums.criu")
 
 
 @dataclass
@@ -143,6 +145,8 @@ def _call(kind: str, opts, work_dir: Path, timeout: float) -> CriuResult:
     if failure is not None:
         errno = getattr(failure, "errno", None)
         lines = error_lines(log)
+        log_module.warning("criu %s failed (errno %s); the last lines of its log:\n%s", kind, errno,
+                           "\n".join(log[-60:]))
         raise Unavailable(f"criu {kind} failed (errno {errno}): {' | '.join(lines[-3:])}",
                           reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
     return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))

@@ -50,12 +50,13 @@ class _Reaper(threading.Thread):
                 time.sleep(0.05)
                 continue
             pid = info.si_pid
-            known = {s.init_pid for s in list(self.sup.sessions.values())}
-            if pid in known or pid in self.sup.adopted_pids:
+            if pid in self.sup.init_pids_seen or pid in self.sup.adopted_pids:
                 self._reap(pid)
                 continue
             seen = self.first_seen.setdefault(pid, time.monotonic())
-            if time.monotonic() - seen > 3.0:  # nobody is waiting for it: an orphan
+            # Anything else is a child the daemon itself waits for (pycriu's swrk, pyroute2, a
+            # subprocess): reaping it first makes their waitpid fail. Only a stray long unclaimed goes.
+            if time.monotonic() - seen > 120.0:
                 self._reap(pid)
             else:
                 time.sleep(0.02)

@@ -166,6 +166,7 @@ class Supervisor:
         self._retry_streak: dict[str, int] = {}
         self._checkpoints: dict[str, _Flight] = {}
         self.counters = {"dumps": 0, "restores": 0}
+        self.init_pids_seen: set[int] = set()  # the reaper reaps these at once (orphaned to us)
         instance.state_dir.mkdir(parents=True, exist_ok=True)
         self.mounted_state = rootfs.ensure_tmpfs(instance.state_dir)
         for d in (instance.sessions_dir, instance.snapshots_dir, instance.images_dir, instance.ledger_root):
@@ -308,6 +309,7 @@ class Supervisor:
             netns.wait_link_gone(s.ifname)
             mark("slot_free")
             s.init_pid = self._launch(s)
+            self.init_pids_seen.add(s.init_pid)
             s.init_start = starttime(s.init_pid)
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
             mark("launch")
@@ -624,6 +626,7 @@ class Supervisor:
             self.counters["restores"] += 1
             s.timings["criu"] = res.seconds
             s.init_pid = res.pid
+            self.init_pids_seen.add(s.init_pid)
             s.init_start = starttime(s.init_pid)
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
             faults.hit("restore-after-criu")
