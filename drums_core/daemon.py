@@ -145,6 +145,10 @@ class Daemon:
             return {"deleted": snap.id}
         if op == "stats":
             return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}
+        if op in ("export_snapshot", "import_snapshot"):
+            from . import transfer
+
+            return transfer.dispatch(sup.store, op, args)
         if op == "inject" and faults.test_hooks_enabled():
             faults.inject(str(args["point"]), int(args.get("times", 1)))
             return {"injected": args["point"]}

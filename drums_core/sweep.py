@@ -406,10 +406,35 @@ def _add_claims(live: _Live, entries: Iterable[Entry]) -> None:
         live.tables |= tables
 
 
+def _other_instances(root: Path) -> list[tuple[Path, str]]:
+    """(ledger root, run) of every other Drums instance on this host.
+
+    A restored process keeps the tag of the run that made its checkpoint, which may belong to
+    another instance (a snapshot shipped between daemons): a live run anywhere on the host must be
+    protected from this sweep, not only the runs under ``root``.
+    """
+    from .config import STATE_ROOT
+
+    out: list[tuple[Path, str]] = []
+    try:
+        states = [p for p in STATE_ROOT.iterdir() if p.is_dir()]
+    except OSError:
+        return out
+    for state in states:
+        other = state / "ledger"
+        try:
+            if other.resolve() == root.resolve() or not other.is_dir():
+                continue
+            out.extend((other, r) for r in Ledger.runs(other))
+        except OSError:
+            continue
+    return out
+
+
 def _live_context(root: Path, runs: Iterable[str]) -> _Live:
     live = _Live()
-    for run in runs:
-        led = Ledger(root, run)
+    for run_root, run in [(root, r) for r in runs] + _other_instances(root):
+        led = Ledger(run_root, run)
         try:
             rec = led.owner()
             alive = led.owner_status() == "alive"

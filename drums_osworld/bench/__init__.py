@@ -40,6 +40,7 @@ SUITES = {
     "step": ("step", "run_step"),
     "osworld": ("osworld", "run_osworld"),
     "profile": ("profile", "run_profile"),
+    "cluster": ("cluster", "run_cluster"),
 }
 
 __all__ = ["SUITES", "main", "run_suite"]
