@@ -109,7 +109,7 @@ def stop_instance(instance: Instance) -> dict:
     report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
     if instance.state_dir.exists() and is_mountpoint(instance.state_dir):
         unmount_tree(instance.state_dir)
-    for suffix in (".lock", ".start.lock", ".stderr"):
+    for suffix in (".lock", ".start.lock", ".stderr", ".log"):
         (instance.state_root / f"{instance.name}{suffix}").unlink(missing_ok=True)
     try:
         instance.state_dir.rmdir()
