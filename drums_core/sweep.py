@@ -433,20 +433,26 @@ def _other_instances(root: Path) -> list[tuple[Path, str]]:
 
 def _live_context(root: Path, runs: Iterable[str]) -> _Live:
     live = _Live()
-    for run_root, run in [(root, r) for r in runs] + _other_instances(root):
+    own = [(root, r, True) for r in runs]
+    # Another instance's live run is protected by what it recorded (pids, paths, links), not by its
+    # tag: a session this run restored from that instance's snapshot carries that tag yet is ours.
+    others = [(r_root, r, False) for r_root, r in _other_instances(root)]
+    for run_root, run, same_root in own + others:
         led = Ledger(run_root, run)
         try:
             rec = led.owner()
             alive = led.owner_status() == "alive"
         except LedgerCorrupt as exc:
             # Unknown owner: protect its tag as if it were alive; its entries cannot be read.
-            live.tags.add(led.tag)
+            if same_root:
+                live.tags.add(led.tag)
             live.errors.append(f"run {run}: {exc.message}")
             continue
         if not alive:
             continue
         live.runs[run] = rec or {}
-        live.tags.add(led.tag)
+        if same_root:
+            live.tags.add(led.tag)
         live.proc_keys.add((rec["pid"], rec["starttime"]))
         try:
             entries = led.entries()
