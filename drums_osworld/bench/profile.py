@@ -208,6 +208,12 @@ def run_profile(opts) -> dict:
         if sup is not None:
             with contextlib.suppress(Exception):
                 sup.shutdown(destroy_sessions=True)
+            # This supervisor runs in-process: its owner (us) is alive, so the instance's ordinary
+            # sweep of dead runs would skip whatever a failed destroy left. Sweep our run explicitly.
+            from drums_core.sweep import sweep
+
+            with contextlib.suppress(Exception):
+                sweep(inst.ledger_root, run=sup.run, only_dead=False)
         cleanup = holder.stop()
     phases = sorted({k for row in per_restore for k in row if k not in ("timings",)})
     stats = {k: summary([row.get(k, 0.0) for row in per_restore]) for k in phases}
