@@ -127,6 +127,10 @@ class LocalDesktop:
                     proc.kill()
                     proc.wait()
         kill_token(self.token)
+        n = self.display.lstrip(":")  # a killed Xvfb leaves its socket and lock
+        for path in (f"/tmp/.X11-unix/X{n}", f"/tmp/.X{n}-lock"):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 class LocalGuest:

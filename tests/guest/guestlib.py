@@ -166,6 +166,10 @@ class XServer:
                     p.wait()
         self.procs.clear()
         shutil.rmtree(self.logdir, ignore_errors=True)
+        if getattr(self, "number", None) is not None:  # a killed Xvfb leaves its socket and lock
+            for path in (f"/tmp/.X11-unix/X{self.number}", f"/tmp/.X{self.number}-lock"):
+                if os.path.exists(path):
+                    os.unlink(path)
 
 
 class GuestServer:
