@@ -6,7 +6,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from .procs import is_alive
+from .procs import is_alive, read_stat
 
 
 @dataclass(frozen=True)
@@ -17,20 +17,11 @@ class ProcessInfo:
     ppid: int
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    rparen = raw.rfind(")")
-    return [raw[: raw.find(" (")], raw[raw.find("(") + 1: rparen]] + raw[rparen + 2:].split()
-
-
 def starttime(pid: int) -> int:
-    f = _stat_fields(pid)
-    if f is None:
+    st = read_stat(pid)
+    if st is None:
         raise ProcessLookupError(pid)
-    return int(f[21])
+    return st.starttime
 
 
 def wait_dead(pid: int, start: int | None, timeout: float) -> bool:
@@ -71,10 +62,10 @@ def session_processes(init_pid: int) -> list[ProcessInfo]:
         pid = int(name)
         if _pidns(pid) != ns:
             continue
-        f = _stat_fields(pid)
-        if f is None or f[2] in ("Z", "X"):
+        st = read_stat(pid)
+        if st is None or st.zombie:
             continue
-        out.append(ProcessInfo(pid=pid, nspid=_nspid(pid), comm=f[1], ppid=int(f[3])))
+        out.append(ProcessInfo(pid=pid, nspid=_nspid(pid), comm=st.comm, ppid=st.ppid))
     return sorted(out, key=lambda p: p.nspid)
 
 
