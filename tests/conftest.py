@@ -37,20 +37,10 @@ def require_root() -> None:
 
 def host_leaks(state_dir: Path | None = None) -> dict:
     """What Drums could have left on this host: tagged processes, mounts, links, tables, X links."""
-    procs = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state in ("Z", "X"):
-            continue
-        for i, a in enumerate(argv[:-1]):
-            if a == b"--tag" and argv[i + 1].startswith(b"drums:"):
-                procs.append((int(name), argv[i + 1].decode()))
+    from drums_core.procs import scan_processes
+
+    procs = [(p.pid, tag) for p in scan_processes().values() if not p.zombie
+             for tag in p.tags if tag.startswith("drums:")]
     mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:

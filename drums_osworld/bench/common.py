@@ -191,21 +191,10 @@ def _instance_leaks(instance: Instance) -> dict:
 
     run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
     table_re = re.compile("drums_" + re.escape(instance.name.replace("-", "_")) + r"_[0-9a-f]{12}")
-    procs = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state in ("Z", "X"):
-            continue
-        for i, a in enumerate(argv[:-1]):
-            tag = argv[i + 1].decode(errors="replace")
-            if a == b"--tag" and tag.startswith("drums:") and run_re.fullmatch(tag[6:]):
-                procs.append([int(name), tag])
+    from drums_core.procs import scan_processes
+
+    procs = [[p.pid, tag] for p in scan_processes().values() if not p.zombie
+             for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[6:])]
     mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
