@@ -96,19 +96,10 @@ class OSWorld:
 
 def watchdog_pids(instance: Any) -> list[int]:
     """Live lease watchdogs of this instance (found by their exact argv)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state in ("Z", "X"):
-            continue
-        if b"drums_osworld.provider.leases" in argv and instance.name.encode() in argv:
-            pids.append(int(name))
+    from drums_core.procs import scan_processes
+
+    pids = [p.pid for p in scan_processes().values()
+            if not p.zombie and "drums_osworld.provider.leases" in p.argv and instance.name in p.argv]
     return pids
 
 
