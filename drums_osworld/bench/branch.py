@@ -110,7 +110,7 @@ def run_branch(opts) -> dict:
               {"arm": "TClone branch", "p50": TCLONE["branch_s"]}]
     return {
         "suite": "branch", "quick": opts.quick, "host": host,
-        "params": {"rounds": rounds, "arms": arms, "task": str(common.WRITER_TASK.relative_to(common.REPO)),
+        "params": {"rounds": rounds, "arms": arms, "task": "tasks/" + str(common.WRITER_TASK.relative_to(common.TASKS_DIR)),
                    "agent_ready": f"mapped window titled '{common.WRITER_TITLE}' and > "
                                   f"{common.READY_FRACTION:.0%} non-blank pixels", "snapshot": snap["id"],
                    "snapshot_size_mib": round(snap["size"] / 2**20, 1),
@@ -181,7 +181,7 @@ def run_checkpoint(opts) -> dict:
     dump_p50 = stats["dump"]["dump"]["p50"]
     return {
         "suite": "checkpoint", "quick": opts.quick, "host": host,
-        "params": {"rounds": rounds, "arms": arms, "task": str(common.WRITER_TASK.relative_to(common.REPO))},
+        "params": {"rounds": rounds, "arms": arms, "task": "tasks/" + str(common.WRITER_TASK.relative_to(common.TASKS_DIR))},
         "arms": {a: {"rows": rows[a], "stats": stats[a]} for a in arms},
         "summary": {"dump p50 s": dump_p50, "dump+leave-running call p50 s": stats["dump+leave-running"]["call"]["p50"],
                     "images MiB p50": stats["dump"]["images_mib"]["p50"],

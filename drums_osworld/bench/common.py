@@ -27,9 +27,10 @@ from typing import Any
 from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import DrumsError
+from drums_osworld.tasks import tasks_dir
 
 REPO = Path(__file__).resolve().parents[2]
-TASKS_DIR = REPO / "tasks"
+TASKS_DIR = tasks_dir()  # the source checkout's tasks/, or the installed share/drums/tasks
 WRITER_TASK = TASKS_DIR / "libreoffice_writer" / "drums-writer-type-and-save.json"
 OS_TASK = TASKS_DIR / "os" / "e0df059f-28a6-4169-924f-b9623e7184cc.json"
 WRITER_TITLE = "LibreOffice Writer"
