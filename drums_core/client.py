@@ -140,9 +140,12 @@ class Client:
                          leave_running=leave_running, scope=scope)
 
     def restore(self, snapshot: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
-                scope: str | None = None) -> list[dict]:
+                scope: str | None = None, min_nonblank: float = 0.0) -> list[dict]:
+        """Restore ``count`` siblings; each is returned once its ``expect_window`` (default: the
+        snapshot's first window) is mapped and more than ``min_nonblank`` of the screen's pixels
+        differ from the top-left one (0.0: the screen is not blank)."""
         return self.call("restore", snapshot=snapshot, count=count, wait_live=wait_live,
-                         expect_window=expect_window, scope=scope)
+                         expect_window=expect_window, scope=scope, min_nonblank=min_nonblank)
 
     def destroy(self, session: str) -> dict:
         return self.call("destroy", session=session)

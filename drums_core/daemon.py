@@ -108,7 +108,7 @@ class Daemon:
         if op == "restore":
             return sup.restore(args["snapshot"], count=int(args.get("count", 1)),
                                wait_live=bool(args.get("wait_live", False)), expect_window=args.get("expect_window"),
-                               scope=args.get("scope"))
+                               min_nonblank=args.get("min_nonblank", 0.0), scope=args.get("scope"))
         if op == "destroy":
             return sup.destroy(args["session"])
         if op == "list":

@@ -138,6 +138,32 @@ def nonblank_fraction_raw(d: xdisplay.Display) -> float:
     return float(np.count_nonzero(px != px[0])) / px.size
 
 
+def nonblank_exceeds(d: xdisplay.Display, fraction: float, rows: int = 64) -> tuple[bool, float]:
+    """Whether more than ``fraction`` of the root window's pixels differ from its top-left pixel:
+    the same count as :func:`nonblank_fraction_raw`, read in strips of ``rows`` rows and stopped as
+    soon as the answer is certain (a screen mostly covered by a window is decided after the first
+    ``fraction`` of it). Returns (answer, share of differing pixels among those read)."""
+    screen = d.screen()
+    w, h = screen.width_in_pixels, screen.height_in_pixels
+    total = w * h
+    need = fraction * total
+    ref = None
+    differ = seen = 0
+    for y in range(0, h, rows):
+        n = min(rows, h - y)
+        raw = screen.root.get_image(0, y, w, n, X.ZPixmap, 0xFFFFFFFF).data
+        px = np.frombuffer(raw, dtype=np.uint32) & 0x00FFFFFF
+        if ref is None:
+            ref = px[0]
+        differ += int(np.count_nonzero(px != ref))
+        seen += px.size
+        if differ > need:
+            return True, differ / seen
+        if differ + (total - seen) <= need:
+            return False, differ / seen
+    return differ > need, differ / max(seen, 1)
+
+
 def nonblank_sampled(d: xdisplay.Display, bands: int = 8, height: int = 4) -> float:
     """Non-blank share of a sample of the screen: ``bands`` full-width strips (a few KiB each, a
     round trip of well under a millisecond, where a full 8 MiB grab costs 25-100 ms in python-xlib).
@@ -196,8 +222,12 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
                     return {"window": None, "nonblank": None}
                 title = find_mapped(d, expect_title)
                 if title is not None:
-                    frac = nonblank_sampled(d) if min_nonblank == 0.0 else nonblank_fraction_raw(d)
-                    if frac > min_nonblank:
+                    if min_nonblank == 0.0:
+                        frac = nonblank_sampled(d)
+                        enough = frac > 0.0
+                    else:
+                        enough, frac = nonblank_exceeds(d, min_nonblank)
+                    if enough:
                         return {"window": title, "nonblank": frac}
                     last = f"screen blank ({frac:.3f} <= {min_nonblank})"
                 else:

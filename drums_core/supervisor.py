@@ -534,16 +534,25 @@ class Supervisor:
 
     # ----------------------------------------------------------------- restore
     def restore(self, ref: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
-                scope: str | None = None) -> list[Session]:
-        """Restore ``count`` siblings of a snapshot at once (a branch). All or nothing."""
+                scope: str | None = None, min_nonblank: float = 0.0) -> list[Session]:
+        """Restore ``count`` siblings of a snapshot at once (a branch). All or nothing.
+
+        A sibling counts as ready when ``expect_window`` (default: the snapshot's first window) is
+        mapped and more than ``min_nonblank`` of its screen differs from blank (0.0: any pixel)."""
         if not isinstance(count, int) or not 1 <= count <= self.instance.slot_count:
             raise InvalidArgument(f"count must be 1..{self.instance.slot_count}", reason="BAD_COUNT")
+        if isinstance(min_nonblank, bool) or not isinstance(min_nonblank, (int, float)) \
+                or not 0.0 <= min_nonblank < 1.0:
+            raise InvalidArgument("min_nonblank must be a number in [0, 1)", reason="BAD_NONBLANK")
+        if expect_window is not None and not isinstance(expect_window, str):
+            raise InvalidArgument("expect_window must be a string", reason="BAD_WINDOW")
         snap = self.store.resolve(ref, scope)
         results: list[Session | BaseException | None] = [None] * count
 
         def one(i: int) -> None:
             try:
-                results[i] = self._restore_counted(snap, wait_live=wait_live, expect_window=expect_window)
+                results[i] = self._restore_counted(snap, wait_live=wait_live, expect_window=expect_window,
+                                                   min_nonblank=float(min_nonblank))
             except BaseException as exc:  # noqa: BLE001 - collected and re-raised below
                 results[i] = exc
 
@@ -586,7 +595,8 @@ class Supervisor:
 
     def _restore_one(self, snap: Snapshot, slot: int | None = None, sid: str | None = None, reseed: bool = True,
                      hostname: str | None = None, machine_id: str | None = None, wait_live: bool = False,
-                     expect_window: str | None = None, count_retry: bool = True) -> Session:
+                     expect_window: str | None = None, count_retry: bool = True,
+                     min_nonblank: float = 0.0) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
         layer = self.image_layer(spec.image)
         broken = self.store.broken_reason(snap.id)
@@ -640,7 +650,7 @@ class Supervisor:
             def _ready() -> None:
                 try:
                     display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
-                                       require_window=expect is not None)
+                                       require_window=expect is not None, min_nonblank=min_nonblank)
                     ready_box["t"] = time.monotonic() - t0
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the restoring thread
                     ready_box["error"] = exc

@@ -451,16 +451,28 @@ def writer_checkpoint(client: Client, name: str = "writer-post-setup") -> dict:
     return snap
 
 
-def restore_ready(client: Client, snapshot: str, count: int = 1, timeout: float = 120.0) -> dict:
-    """Restore ``count`` siblings and wait until every one is agent-ready (checked in parallel)."""
+def restore_ready(client: Client, snapshot: str, count: int = 1, timeout: float = 120.0,
+                  daemon_checks: bool = False) -> dict:
+    """Restore ``count`` siblings and wait until every one is agent-ready (checked in parallel).
+
+    ``ready`` is when the bench's own check (run after the call) has seen every sibling agent-ready.
+    With ``daemon_checks`` the daemon applies the agent-ready test itself (window titled
+    ``WRITER_TITLE``, more than ``READY_FRACTION`` of the pixels non-blank, counted exactly) before
+    the call returns; ``daemon_ready`` is then the call's wall time, and ``confirmed`` counts the
+    siblings the bench found agent-ready on its first look after the call (all of them, or the
+    daemon's verdict is not trusted: ``daemon_ready`` is None)."""
     from concurrent.futures import ThreadPoolExecutor
 
     t0 = time.monotonic()
-    sessions = client.restore(snapshot, count=count)
+    extra = {"expect_window": WRITER_TITLE, "min_nonblank": READY_FRACTION} if daemon_checks else {}
+    sessions = client.restore(snapshot, count=count, **extra)
     t_call = time.monotonic() - t0
     with ThreadPoolExecutor(max_workers=min(count, 16)) as ex:
         ready = list(ex.map(lambda s: wait_agent_ready(s["display"], t0, timeout), sessions))
+    confirmed = sum(1 for r in ready if r["checks"] == 1)
     return {"sessions": sessions, "call": t_call, "ready": max(r["seconds"] for r in ready),
+            "daemon_ready": t_call if daemon_checks and confirmed == len(ready) else None,
+            "confirmed": confirmed,
             "each_ready": [r["seconds"] for r in ready], "nonblank": [r["nonblank"] for r in ready]}
 
 
