@@ -189,6 +189,18 @@ def test_bad_snapshot_input_changes_nothing(client, drums_instance, xterm_snapsh
                 client.checkpoint(s["id"], snapshot_id=bad)
     finally:
         client.destroy(s["id"])
+    for bad in (1.0, 1.5, -0.1, "0.5", True, None):
+        with pytest.raises(InvalidArgument) as exc:
+            client.restore(xterm_snapshot["id"], min_nonblank=bad)
+        assert exc.value.reason == "BAD_NONBLANK"
+    for bad in (0, -1, 10**6):
+        with pytest.raises(InvalidArgument) as exc:
+            client.restore(xterm_snapshot["id"], count=bad)
+        assert exc.value.reason == "BAD_COUNT"
+    with pytest.raises(InvalidArgument) as exc:
+        client.restore(xterm_snapshot["id"], expect_window=["not", "a", "title"])
+    assert exc.value.reason == "BAD_WINDOW"
+    assert client.list() == []
     assert _tree_digest(store) == before
     # a snapshot from another boot
     manifest = store / xterm_snapshot["id"] / "manifest.json"

@@ -65,7 +65,9 @@ def run_osworld(opts) -> dict:
                            env=env, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=600)
     if probe.returncode != 0:
         raise common.BenchError("OSWorld or the drums provider does not import in "
-                                f"{py}: {probe.stderr.strip()[-800:]}")
+                                f"{py}: {probe.stderr.strip()[-800:]}\n(a checkout's light test venv, built by "
+                                "`python tests/osworld_harness.py`, needs its stub modules: "
+                                f"DRUMS_OSWORLD_PYTHONPATH={py.parent.parent / 'drums-test-stubs'})")
     rollouts = opts.rounds or (2 if opts.quick else 6)
     tasks = [common.WRITER_TASK, common.OS_TASK]
     rows: list[dict] = []
