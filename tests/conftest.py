@@ -130,3 +130,18 @@ def instance_links(instance: Instance) -> list[str]:
     """The session links of this instance's slot range that exist on the host."""
     mine = {f"dvh{s}" for s in range(instance.slot_base, instance.slot_base + instance.slot_count)}
     return [ln for ln in host_leaks()["links"] if ln in mine]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leave no trace of the run's instances in the state root: the files the suite's own instances
+    (``pytest-<pid>*``, ``benchtest-<pid>*``) would leave must already be gone (a leftover fails the
+    run), and the state root itself goes when nothing else uses it."""
+    pid = os.getpid()
+    left = sorted(p.name for p in STATE_ROOT.glob(f"*-{pid}*")) if STATE_ROOT.is_dir() else []
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nDrums left files of this run's instances in {STATE_ROOT}: {left}", file=sys.stderr)
+    try:
+        STATE_ROOT.rmdir()
+    except OSError:  # not empty (another instance, a leftover reported above) or already gone
+        pass

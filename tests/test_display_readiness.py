@@ -7,7 +7,7 @@ answer as counting every pixel (``nonblank_fraction_raw``), on both sides of the
 from __future__ import annotations
 
 import pytest
-from Xlib import X, display as xdisplay
+from Xlib import display as xdisplay
 
 from drums_core import display
 from tests.local_guest import LocalDesktop

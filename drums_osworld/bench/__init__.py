@@ -75,10 +75,12 @@ def run_suite(name: str, opts: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from . import report
+    from . import common
     from .common import DEFAULT_OUT, BenchError
 
     opts = _parser().parse_args(argv)
     out = opts.out or DEFAULT_OUT
+    common.LOG_DIR = Path(out) / "logs"  # each suite's daemon log, moved out of /run/drums when it stops
     names = list(SUITES) if opts.suite == "all" else [opts.suite]
     results = []
     rc = 0

@@ -32,6 +32,7 @@ from . import common
 from .common import BenchInstance, pct, progress, ratio, rotated, summary
 
 PROTOTYPE = {"cold_setup_p50": 3.12, "restore_p50": 0.87, "ratio": 3.6, "dump_s": 0.35, "dump_mib": 236}
+TASK_NAME = f"tasks/{common.WRITER_TASK.relative_to(common.TASKS_DIR)}"
 TCLONE = {"branch_s": 3.7, "stock_criu_s": 12.8, "kvm_snapshot_s": 18.2}
 
 
@@ -110,7 +111,7 @@ def run_branch(opts) -> dict:
               {"arm": "TClone branch", "p50": TCLONE["branch_s"]}]
     return {
         "suite": "branch", "quick": opts.quick, "host": host,
-        "params": {"rounds": rounds, "arms": arms, "task": "tasks/" + str(common.WRITER_TASK.relative_to(common.TASKS_DIR)),
+        "params": {"rounds": rounds, "arms": arms, "task": TASK_NAME,
                    "agent_ready": f"mapped window titled '{common.WRITER_TITLE}' and > "
                                   f"{common.READY_FRACTION:.0%} non-blank pixels", "snapshot": snap["id"],
                    "snapshot_size_mib": round(snap["size"] / 2**20, 1),
@@ -181,7 +182,7 @@ def run_checkpoint(opts) -> dict:
     dump_p50 = stats["dump"]["dump"]["p50"]
     return {
         "suite": "checkpoint", "quick": opts.quick, "host": host,
-        "params": {"rounds": rounds, "arms": arms, "task": "tasks/" + str(common.WRITER_TASK.relative_to(common.TASKS_DIR))},
+        "params": {"rounds": rounds, "arms": arms, "task": TASK_NAME},
         "arms": {a: {"rows": rows[a], "stats": stats[a]} for a in arms},
         "summary": {"dump p50 s": dump_p50, "dump+leave-running call p50 s": stats["dump+leave-running"]["call"]["p50"],
                     "images MiB p50": stats["dump"]["images_mib"]["p50"],

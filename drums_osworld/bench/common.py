@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,27 @@ _KSM_LAUNCHER = (
 )
 
 
+LOG_DIR: Path | None = None  # ``drums bench`` sets it to ``<out>/logs``
+
+
+def retire_daemon_log(instance: Instance) -> str | None:
+    """Take the stopped daemon's log out of ``/run/drums``: moved into :data:`LOG_DIR` (``drums
+    bench`` keeps it next to its results), or removed when the suite runs without one (a test).
+    Returns where it went."""
+    log = instance.state_root / f"{instance.name}.log"
+    if not log.exists():
+        return None
+    if LOG_DIR is None:
+        log.unlink(missing_ok=True)
+        return None
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    dest = LOG_DIR / log.name
+    with open(dest, "ab") as out, open(log, "rb") as src:
+        shutil.copyfileobj(src, out)
+    log.unlink()
+    return str(dest)
+
+
 @dataclass
 class BenchInstance:
     """A daemon instance a suite owns from start to finish.
@@ -337,7 +359,8 @@ class BenchInstance:
             Client(self.instance, autostart=False).shutdown(destroy_sessions=True)
         sweep_report = self._sweep_and_unmount()
         leaks = instance_leaks(self.instance)
-        return {"sweep": sweep_report, "leaks": leaks, "leaked": leaks_total(leaks)}
+        return {"sweep": sweep_report, "leaks": leaks, "leaked": leaks_total(leaks),
+                "daemon_log": retire_daemon_log(self.instance)}
 
     def __enter__(self) -> "BenchInstance":
         return self.start()
