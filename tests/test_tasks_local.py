@@ -77,6 +77,12 @@ def _score(task: Task, guest: LocalGuest, last: str | None, cache: Path, shots: 
     return score
 
 
+def _seen(guest: LocalGuest, shots: Path) -> str:
+    """What a failure message needs when the screens are gone with the run: the windows."""
+    windows = guest.execute(["wmctrl", "-l"]).output.strip() or "(none)"
+    return f"windows:\n{windows}\n(screens in {shots})"
+
+
 @pytest.mark.parametrize("path", TASK_FILES, ids=[p.stem for p in TASK_FILES])
 def test_task_scores_locally(path: Path, desktop: LocalDesktop, pyautogui_python: str,
                              tmp_path: Path) -> None:
@@ -88,15 +94,15 @@ def test_task_scores_locally(path: Path, desktop: LocalDesktop, pyautogui_python
         cache = tmp_path / "cache1"
         run_task_setup(task, guest, cache_dir=cache, screen_size=desktop.size)
         before = _score(task, guest, None, cache, shots, "before")
-        assert before == 0.0, f"{task.id}: score {before} right after setup (screens in {shots})"
+        assert before == 0.0, f"{task.id}: score {before} right after setup; {_seen(guest, shots)}"
         if task.wrong_solution:
             last = run_actions(guest, task.wrong_solution)
             wrong = _score(task, guest, last, cache, shots, "wrong")
-            assert wrong == 0.0, f"{task.id}: the wrong solution scores {wrong} (screens in {shots})"
+            assert wrong == 0.0, f"{task.id}: the wrong solution scores {wrong}; {_seen(guest, shots)}"
 
     with fresh_guest(desktop, pyautogui_python, tmp_path / "round2") as guest:
         cache = tmp_path / "cache2"
         run_task_setup(task, guest, cache_dir=cache, screen_size=desktop.size)
         last = run_actions(guest, task.solution)
         after = _score(task, guest, last, cache, shots, "after")
-        assert after == 1.0, f"{task.id}: the reference solution scores {after} (screens in {shots})"
+        assert after == 1.0, f"{task.id}: the reference solution scores {after}; {_seen(guest, shots)}"
