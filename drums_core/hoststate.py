@@ -1,17 +1,20 @@
-"""A probe of what Drums-looking state the host holds, for tests and the fault-window harness.
+"""A probe of what Drums-looking state the host holds, for tests, benchmarks and the fault-window harness.
 
 :func:`snapshot_host_state` returns plain JSON data; :func:`run_leaks` turns it into the list
-of problems criteria P1-P3 care about for one run. Read-only: it never changes the host.
+of problems criteria P1-P3 care about for one run; :func:`instance_leaks` lists what one
+daemon instance left anywhere on the host. Read-only: it never changes the host.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from . import procs
+from .config import Instance, display_number, host_ifname
 
 X11_DIR = "/tmp/.X11-unix"
 CRIU_TMP_PREFIX = "/tmp/.criu."
@@ -178,3 +181,37 @@ def ledger_claims(ledger_root: str | Path, run: str) -> dict:
             elif p.kind in ("mount", "dir"):
                 out["paths"].append(p.value[0])
     return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def instance_leaks(instance: Instance) -> dict[str, list]:
+    """Everything on this host that belongs to ``instance``, by kind; every list is empty when it
+    left nothing. Its runs are named ``<instance>-<12 hex>`` (processes are tagged ``drums:<run>``,
+    nftables tables are ``drums_<run>`` with ``-`` as ``_``, cut at 60 characters); its links and X11
+    links are those of its slot range; its mounts are at or under its state directory.
+    """
+    run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
+    table_re = re.compile("drums_" + re.escape(instance.name.replace("-", "_")) + r"_[0-9a-f]{12}")
+    table_prefix = "drums_" + instance.name.replace("-", "_") + "_"
+    cut = len(table_prefix) + 12 > 60   # this instance's table names are cut: match what is left
+
+    def own_table(name: str) -> bool:
+        return bool(table_re.fullmatch(name)) or (cut and len(name) == 60 and name.startswith(table_prefix[:60]))
+
+    slots = range(instance.slot_base, instance.slot_base + instance.slot_count)
+    state_dir = str(instance.state_dir)
+    processes = [[p.pid, tag] for p in procs.scan_processes().values() if not p.zombie
+                 for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[len("drums:"):])]
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    mounts = [m for m in points if m == state_dir or m.startswith(state_dir + "/")]
+    own_links = {host_ifname(s) for s in slots}
+    links = sorted(n for n in os.listdir("/sys/class/net") if n in own_links)
+    errors: list[str] = []
+    tables = [t["name"] for t in _nft_drums_tables(errors) if own_table(t["name"])]
+    own_x11 = {f"X{display_number(s)}" for s in slots}
+    try:
+        x11 = sorted(n for n in os.listdir(X11_DIR) if n in own_x11 and os.path.islink(os.path.join(X11_DIR, n)))
+    except FileNotFoundError:
+        x11 = []
+    return {"processes": processes, "mounts": mounts, "links": links, "nft": tables, "x11links": x11,
+            "probe_errors": errors}

@@ -20,6 +20,7 @@ for p in (str(REPO), str(REPO / "tests")):
         sys.path.insert(0, p)
 
 from drums_core.config import STATE_ROOT, Instance  # noqa: E402
+from drums_core.hoststate import instance_leaks  # noqa: E402,F401 - the tests' instance leak check
 
 # Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
 # The suite's own daemon gets the first 32 slots of this run's range; tests that need another
@@ -73,20 +74,6 @@ def drums_instance():
     stop_instance(INSTANCE)
     leaked = instance_leaks(INSTANCE)
     assert _no_leaks(leaked), f"Drums left resources on the host after the suite: {leaked}"
-
-
-def instance_leaks(instance: Instance) -> dict:
-    """Everything on the host that belongs to ``instance`` (its runs are named ``<instance>-<hex>``)."""
-    rep = host_leaks()
-    slots = range(instance.slot_base, instance.slot_base + instance.slot_count)
-    table_prefix = "drums_" + instance.name.replace("-", "_")
-    return {
-        "processes": [p for p in rep["processes"] if p[1].startswith(f"drums:{instance.name}-")],
-        "mounts": [m for m in rep["mounts"] if m == str(instance.state_dir) or m.startswith(f"{instance.state_dir}/")],
-        "links": [ln for ln in rep["links"] if ln in {f"dvh{s}" for s in slots}],
-        "nft": [t for t in rep["nft"] if t.split()[-1].startswith(table_prefix)],
-        "x11links": [x for x in rep["x11links"] if int(x[1:]) - 100 in slots],
-    }
 
 
 def stop_instance(instance: Instance) -> dict:

@@ -2,7 +2,7 @@
 
 A suite runs against a daemon instance of its own (``bench`` by default: its own state tmpfs,
 socket, slots 300..363 and nftables table), started fresh and stopped, swept and unmounted at the
-end; :func:`instance_leaks` then looks for anything of it left on the host.
+end; :func:`drums_core.hoststate.instance_leaks` then looks for anything of it left on the host.
 
 *Agent-ready* is what an agent needs before its first action: a mapped window whose title holds
 ``LibreOffice Writer`` and a screenshot that differs from blank (the top-left pixel's colour) in
@@ -28,6 +28,7 @@ from typing import Any
 from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import DrumsError
+from drums_core.hoststate import instance_leaks
 from drums_osworld.tasks import tasks_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,42 +188,6 @@ class _NoBar:
 
 
 # ----------------------------------------------------------------------------------- daemon instances
-def _instance_leaks(instance: Instance) -> dict:
-    """Everything on the host that belongs to ``instance`` (its runs are named ``<instance>-<hex>``)."""
-    import re
-
-    run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
-    table_re = re.compile("drums_" + re.escape(instance.name.replace("-", "_")) + r"_[0-9a-f]{12}")
-    from drums_core.procs import scan_processes
-
-    procs = [[p.pid, tag] for p in scan_processes().values() if not p.zombie
-             for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[6:])]
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4]
-            if point == str(instance.state_dir) or point.startswith(f"{instance.state_dir}/"):
-                mounts.append(point)
-    slots = {f"dvh{s}" for s in range(instance.slot_base, instance.slot_base + instance.slot_count)}
-    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
-    links = [ln.split(":")[1].strip().split("@")[0] for ln in out.splitlines() if ":" in ln]
-    links = [ln for ln in links if ln in slots]
-    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False).stdout
-    tables = [ln for ln in out.splitlines() if ln.split() and table_re.fullmatch(ln.split()[-1])]
-    xdir = Path("/tmp/.X11-unix")
-    xlinks = []
-    if xdir.exists():
-        for p in xdir.glob("X*"):
-            if p.is_symlink() and p.name[1:].isdigit() and int(p.name[1:]) - 100 in range(
-                    instance.slot_base, instance.slot_base + instance.slot_count):
-                xlinks.append(p.name)
-    return {"processes": procs, "mounts": mounts, "links": links, "nft": tables, "x11links": xlinks}
-
-
-def instance_leaks(instance: Instance) -> dict:
-    return _instance_leaks(instance)
-
-
 def leaks_total(leaks: dict) -> int:
     return sum(len(v) for v in leaks.values())
 

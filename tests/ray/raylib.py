@@ -48,4 +48,5 @@ def node_leftovers(instance) -> dict:
             rooted.append((pid, p.describe()))
     runs = sorted(p.name for p in instance.ledger_root.iterdir()) if instance.ledger_root.exists() else []
     return {"processes": rep["processes"] + rooted, "mounts": [m for m in rep["mounts"] if m != state],
-            "links": rep["links"], "nft": rep["nft"], "x11links": rep["x11links"], "ledger_runs": runs}
+            "links": rep["links"], "nft": rep["nft"], "x11links": rep["x11links"], "ledger_runs": runs,
+            "probe_errors": rep["probe_errors"]}
