@@ -106,16 +106,32 @@ class LocalDesktop:
             self._xvfb.wait()
         else:
             raise RuntimeError("no free X display for the local desktop")
+        self._wm_log = tempfile.NamedTemporaryFile(prefix="drums-local-openbox-", suffix=".log")
         self._openbox = subprocess.Popen(["openbox"], env={**env, "DISPLAY": self.display},
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         stdout=self._wm_log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            r = subprocess.run(["wmctrl", "-m"], env={**os.environ, "DISPLAY": self.display},
-                               capture_output=True, text=True)
-            if r.returncode == 0 and "Openbox" in r.stdout:
-                break
+        while not self._wm_running():
+            if time.monotonic() > deadline or self._openbox.poll() is not None:
+                problem = self.problem() or "openbox did not take the display in 15 s"
+                self.close()
+                raise RuntimeError(f"the local desktop {self.display} has no window manager: {problem}")
             time.sleep(0.2)
+
+    def _wm_running(self) -> bool:
+        r = subprocess.run(["wmctrl", "-m"], env={**os.environ, "DISPLAY": self.display},
+                           capture_output=True, text=True)
+        return r.returncode == 0 and "Openbox" in r.stdout
+
+    def problem(self) -> str | None:
+        """Why this desktop cannot be used (Xvfb or openbox gone, no window manager), or None."""
+        gone = [f"{name} exited with {proc.returncode}" for name, proc in
+                (("Xvfb", self._xvfb), ("openbox", self._openbox)) if proc.poll() is not None]
+        if not gone and self._wm_running():
+            return None
+        self._wm_log.seek(0)
+        log = self._wm_log.read().decode(errors="replace").strip()[-2000:]
+        return "; ".join(gone or ["wmctrl sees no window manager"]) + f"; openbox said: {log or '(nothing)'}"
 
     def close(self) -> None:
         for proc in (self._openbox, self._xvfb):
@@ -127,6 +143,7 @@ class LocalDesktop:
                     proc.kill()
                     proc.wait()
         kill_token(self.token)
+        self._wm_log.close()
         n = self.display.lstrip(":")  # a killed Xvfb leaves its socket and lock
         for path in (f"/tmp/.X11-unix/X{n}", f"/tmp/.X{n}-lock"):
             if os.path.exists(path):

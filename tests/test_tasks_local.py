@@ -65,7 +65,8 @@ def run_actions(guest: LocalGuest, actions: list[str], pause: float = 0.5) -> st
                 time.sleep(pause)
             continue
         res = guest.run_python(action)
-        assert res.returncode == 0, f"action {i} failed (rc {res.returncode}): {res.error[-2000:]}"
+        assert res.returncode == 0, (f"action {i} failed (rc {res.returncode}): {res.error[-2000:]}; "
+                                     f"desktop: {guest.desktop.problem() if guest.desktop else None}")
         time.sleep(pause)
     return last
 
@@ -88,6 +89,7 @@ def test_task_scores_locally(path: Path, desktop: LocalDesktop, pyautogui_python
                              tmp_path: Path) -> None:
     task = load_task(path, require_drums_support=True)
     assert task.solution, f"{path} has no drums_solution"
+    assert desktop.problem() is None, f"the local desktop broke before {task.id}: {desktop.problem()}"
     shots = tmp_path / "screens"
 
     with fresh_guest(desktop, pyautogui_python, tmp_path / "round1") as guest:
@@ -105,4 +107,5 @@ def test_task_scores_locally(path: Path, desktop: LocalDesktop, pyautogui_python
         run_task_setup(task, guest, cache_dir=cache, screen_size=desktop.size)
         last = run_actions(guest, task.solution)
         after = _score(task, guest, last, cache, shots, "after")
+        assert desktop.problem() is None, f"the local desktop broke during {task.id}: {desktop.problem()}"
         assert after == 1.0, f"{task.id}: the reference solution scores {after}; {_seen(guest, shots)}"
