@@ -91,3 +91,8 @@ def host_ifname(slot: int) -> str:
 
 def display_number(slot: int) -> int:
     return 100 + slot
+
+
+def nft_table_name(run: str) -> str:
+    """The nftables table of a daemon run: ``drums_<run>`` with ``-`` as ``_``, cut at 60 characters."""
+    return f"drums_{run.replace('-', '_')}"[:60]

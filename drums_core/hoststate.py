@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from . import procs
-from .config import Instance, display_number, host_ifname
+from .config import Instance, display_number, host_ifname, nft_table_name
 
 X11_DIR = "/tmp/.X11-unix"
 CRIU_TMP_PREFIX = "/tmp/.criu."
@@ -190,23 +190,25 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
     links are those of its slot range; its mounts are at or under its state directory.
     """
     run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
-    table_re = re.compile("drums_" + re.escape(instance.name.replace("-", "_")) + r"_[0-9a-f]{12}")
-    table_prefix = "drums_" + instance.name.replace("-", "_") + "_"
-    cut = len(table_prefix) + 12 > 60   # this instance's table names are cut: match what is left
+    table_prefix = nft_table_name(instance.name + "-")        # every table of its runs starts so
+    table_re = re.compile(re.escape(table_prefix) + r"[0-9a-f]{12}")
+    cut = len(nft_table_name(instance.name + "-" + "0" * 12)) == 60   # its names are cut: match what is left
 
     def own_table(name: str) -> bool:
-        return bool(table_re.fullmatch(name)) or (cut and len(name) == 60 and name.startswith(table_prefix[:60]))
+        return bool(table_re.fullmatch(name)) or (cut and len(name) == 60 and name.startswith(table_prefix))
 
     slots = range(instance.slot_base, instance.slot_base + instance.slot_count)
     state_dir = str(instance.state_dir)
     processes = [[p.pid, tag] for p in procs.scan_processes().values() if not p.zombie
                  for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[len("drums:"):])]
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    mounts = [m for m in points if m == state_dir or m.startswith(state_dir + "/")]
+    errors: list[str] = []
+    try:
+        mounts = [m.mountpoint for m in procs.mounts_within(procs.read_mountinfo(), [state_dir])]
+    except (OSError, ValueError) as exc:
+        errors.append(f"mountinfo: {exc}")
+        mounts = []
     own_links = {host_ifname(s) for s in slots}
     links = sorted(n for n in os.listdir("/sys/class/net") if n in own_links)
-    errors: list[str] = []
     tables = [t["name"] for t in _nft_drums_tables(errors) if own_table(t["name"])]
     own_x11 = {f"X{display_number(s)}" for s in slots}
     try:

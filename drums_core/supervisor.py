@@ -25,7 +25,7 @@ import requests
 
 from . import criu, display, faults, netns, rootfs
 from .config import (SESSION_PATH, SESSION_UID, SESSION_USER, VENV, X11_DIR, Instance, check_name,
-                     display_number, host_ifname, slot_addresses)
+                     display_number, host_ifname, nft_table_name, slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .ledger import Ledger
 from .procs import mount_key
@@ -173,7 +173,7 @@ class Supervisor:
             d.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.create(instance.ledger_root, self.run)
         self.store = SnapshotStore(instance.snapshots_dir)
-        self.nft_table = f"drums_{self.run.replace('-', '_')}"[:60]
+        self.nft_table = nft_table_name(self.run)
         self.ledger.record("nft", f"inet/{self.nft_table}", family="inet", name=self.nft_table)
         netns.create_nft_table(self.nft_table)
 

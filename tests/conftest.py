@@ -20,7 +20,7 @@ for p in (str(REPO), str(REPO / "tests")):
         sys.path.insert(0, p)
 
 from drums_core.config import STATE_ROOT, Instance  # noqa: E402
-from drums_core.hoststate import instance_leaks  # noqa: E402,F401 - the tests' instance leak check
+from drums_core.hoststate import instance_leaks  # noqa: E402 - the suite's own leak check below
 
 # Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
 # The suite's own daemon gets the first 32 slots of this run's range; tests that need another

@@ -10,7 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from drums_core.config import Instance, display_number, host_ifname
+from drums_core.config import Instance, display_number, host_ifname, nft_table_name
 from drums_core.hoststate import X11_DIR, instance_leaks
 from drums_core.procs import run_tag
 
@@ -32,9 +32,8 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
 
     run, other_run = f"{inst.name}-{uuid.uuid4().hex[:12]}", f"{neighbour.name}-{uuid.uuid4().hex[:12]}"
     long_run = f"{long.name}-{uuid.uuid4().hex[:12]}"
-    table = f"drums_{run.replace('-', '_')}"
-    other_table = f"drums_{other_run.replace('-', '_')}"
-    long_table = f"drums_{long_run.replace('-', '_')}"[:60]   # as the supervisor names it
+    table, other_table, long_table = nft_table_name(run), nft_table_name(other_run), nft_table_name(long_run)
+    assert len(long_table) == 60 and len(table) < 60   # the long instance's names are cut
     link, other_link = host_ifname(inst.slot_base), host_ifname(neighbour.slot_base)
     x11 = Path(X11_DIR) / f"X{display_number(inst.slot_base)}"
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "--tag"]

@@ -26,7 +26,8 @@ WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-st
 
 @pytest.fixture(scope="module")
 def fault_instance():
-    from tests.conftest import SPARE_SLOTS, instance_leaks, require_root, stop_instance
+    from drums_core.hoststate import instance_leaks
+    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"snapfault-{os.getpid()}", slot_base=SPARE_SLOTS[0], slot_count=8)

@@ -24,7 +24,7 @@ import pytest
 
 from drums_core import procs
 from drums_core.client import Client
-from drums_core.config import X11_DIR, Instance
+from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
 from drums_core.ledger import Ledger
 from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, _wait, daemon_env, force_clean,
@@ -101,7 +101,7 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     sessions = [c.wait_live(s["id"]) for s in (*restored, cold)]
     assert all(s["state"] == "RUNNING" for s in sessions)
     held = _holdings(inst, sessions)
-    table = f"drums_{run.replace('-', '_')}"[:60]
+    table = nft_table_name(run)
     assert table in _nft_names()
     decoys = holder["decoys"]
     decoys.make(f"{run}0", inst.sessions_dir / f"{cold['id']}0")
@@ -182,7 +182,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
     assert procs.mounts_within(procs.read_mountinfo(), [third.data["dir"]]) == []
     assert third_link not in _links()
     assert not old.path.exists(), f"the dead run's ledger is left: {os.listdir(old.path)}"
-    assert f"drums_{info['run'].replace('-', '_')}"[:60] not in _nft_names()
+    assert nft_table_name(info['run']) not in _nft_names()
     assert decoys.problems() == []
     log = (inst.state_root / f"{inst.name}.log").read_text()
     assert all(f"adopted session {sid}" in log for sid in idle_inits), "adoption is logged"

@@ -17,8 +17,9 @@ from PIL import Image
 
 from drums_core.client import Client
 from drums_core.config import Instance
+from drums_core.hoststate import instance_leaks
 
-from tests.conftest import SPARE_SLOTS, instance_leaks
+from tests.conftest import SPARE_SLOTS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -397,7 +397,8 @@ def test_daemon_autostarts_from_the_osworld_interpreter(osworld, drums_instance)
     DesktopEnv with no daemon running starts it through Drums' own interpreter."""
     from drums_core.client import Client
     from drums_core.config import VENV, Instance
-    from tests.conftest import SPARE_SLOTS, instance_leaks, stop_instance
+    from drums_core.hoststate import instance_leaks
+    from tests.conftest import SPARE_SLOTS, stop_instance
 
     # A second instance on spare slots of this run's range (the fault-window daemon uses the first 8).
     inst = Instance(name=f"{drums_instance.name}-auto", slot_base=SPARE_SLOTS[12], slot_count=2)

@@ -34,7 +34,8 @@ def _ray_processes(session_dir: str | None) -> list[str]:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """(LocalCluster, DrumsPool, {"a": Instance, "b": Instance}) for the module."""
-    from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, INSTANCE, instance_leaks, require_root, stop_instance
+    from drums_core.hoststate import instance_leaks
+    from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, INSTANCE, require_root, stop_instance
 
     require_root()
     require_ray()

@@ -25,7 +25,7 @@ def node_leftovers(instance) -> dict:
     directory (a restored sibling carries the tag of the run that made the checkpoint, possibly
     another instance's); mounts under the state directory (not the state tmpfs itself); links,
     nftables tables and X11 links of its slots; the ledgers of its runs."""
-    from tests.conftest import instance_leaks
+    from drums_core.hoststate import instance_leaks
 
     from drums_core import procs
 

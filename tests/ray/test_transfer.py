@@ -29,7 +29,8 @@ MARKER = "/home/user/child-marker.txt"
 def daemons():
     from drums_core.client import Client
     from drums_core.config import Instance
-    from tests.conftest import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, instance_leaks, require_root, stop_instance
+    from drums_core.hoststate import instance_leaks
+    from tests.conftest import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
     insts = {"a": Instance(name=f"{INSTANCE.name}-ta", slot_base=SPARE_SLOTS[8], slot_count=2),
