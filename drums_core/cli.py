@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     au.add_argument("a")
     au.add_argument("b")
     sub.add_parser("doctor", help="check this host's prerequisites")
+    sub.add_parser("image", add_help=False,
+                   help="desktop images: drums image build [NAME] [--spec FILE] [--force] | ls | rm NAME")
     sub.add_parser("bench", help="benchmarks: drums bench <suite> [--json] [--out DIR] [--quick]", add_help=False)
     sub.add_parser("rollouts", add_help=False, help="run scripted branches of a saved state and score them")
     sd = sub.add_parser("shutdown", help="stop the daemon (sessions survive unless --destroy)")
@@ -84,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import main as doctor_main
 
         return doctor_main((["--json"] if args.json else []) + rest)
+    if args.cmd == "image":  # no daemon: images are built here, as root
+        from .images import main as image_main
+
+        return image_main((["--json"] if args.json else []) + rest)
     if args.cmd == "bench":  # lazily: drums_core never imports drums_osworld at module level
         from drums_osworld.bench import main as bench_main
 
