@@ -275,6 +275,25 @@ def check_ksm() -> Check:
     return Check("ksm", True, False, f"/sys/kernel/mm/ksm present (run={run})")
 
 
+def check_images() -> Check:
+    """The desktop images in the store; warns when the default one is missing, stale or unusable."""
+    from . import images
+
+    built = images.list_images()
+    listing = ", ".join(f"{m.name} {m.content_hash[:8]} {m.size_bytes / 2**30:.2f} GiB" for m in built)
+    detail = f"{config.IMAGE_STORE}: {listing or 'no images'}"
+    fix = "drums image build (as root; about 2 minutes, needs deb.debian.org and PyPI)"
+    default = next((m for m in built if m.name == config.DEFAULT_IMAGE), None)
+    if default is None:
+        return Check("images", False, False, f"{detail}; the default image is missing", fix)
+    if default.id_base != config.ID_BASE:
+        return Check("images", False, False, f"{detail}; the default image was built for id base "
+                     f"{default.id_base}, this host uses {config.ID_BASE}", fix + " --force")
+    if images.up_to_date(images.default_spec()) is None:
+        return Check("images", False, False, f"{detail}; the default image is older than its spec", fix)
+    return Check("images", True, False, detail)
+
+
 def _namespace_check(kind: str) -> Callable[[], Check]:
     def fn() -> Check:
         return check_namespace(kind)
@@ -298,6 +317,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_veth,
     check_state_dir,
     check_ksm,
+    check_images,
 ]
 
 
