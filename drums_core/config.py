@@ -12,11 +12,23 @@ CRIU_BIN = Path(os.environ.get("DRUMS_CRIU", str(CRIU_PREFIX / "usr/sbin/criu"))
 PYCRIU_PATH = CRIU_PREFIX / "usr/lib/python3/dist-packages"
 STATE_ROOT = Path(os.environ.get("DRUMS_STATE_ROOT", "/run/drums"))
 X11_DIR = Path("/tmp/.X11-unix")
+# Desktop images (root filesystems built from Debian packages) live on a disk filesystem, not in RAM.
+IMAGE_STORE = Path(os.environ.get("DRUMS_IMAGE_STORE", "/var/lib/drums/images"))
+DEFAULT_IMAGE = "default"
+# Sessions' user namespaces map ids 0..ID_COUNT-1 onto host ids ID_BASE.. (unprivileged nobodies on
+# the host). One range per host: snapshots carry files owned by these ids, so every instance that
+# restores a snapshot must use the same base.
+ID_BASE = int(os.environ.get("DRUMS_ID_BASE", "1000000000"))
+ID_COUNT = 65536
+# Inside every session (from the image and the Drums code layer), never host paths.
+GUEST_VENV = "/usr/lib/drums/venv"
+GUEST_PYTHON = f"{GUEST_VENV}/bin/python"
+GUEST_CODE = "/usr/lib/drums/python"
 
 SESSION_USER = "user"
 SESSION_UID = 1000
 SESSION_PASSWORD = "password"
-SESSION_PATH = f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+SESSION_PATH = f"{GUEST_VENV}/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 

@@ -1,18 +1,53 @@
 """The host's view of a session's X server: windows, screenshots, readiness.
 
-The daemon links each session's X socket into the host as ``/tmp/.X11-unix/X<display>``, so
-python-xlib connects with ``:<display>`` and nothing runs inside the session for a readiness check.
+The daemon connects to a session's X server through its socket inside the session root,
+``/proc/<init>/root/tmp/.X11-unix/X0``, resolved by :func:`drums_core.safepath.connect_unix` so a
+symlink the session planted there is refused rather than followed to a host socket. The supervisor
+registers each session's display number with :func:`register_session` (:func:`connect` then uses
+that route); ``/tmp/.X11-unix/X<display>`` on the host stays a link for people's own X tools.
 """
 from __future__ import annotations
 
 import io
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 from Xlib import X, display as xdisplay, error as xerror
+from Xlib.support import connect as _xconnect
 
-from .errors import Unavailable
+from . import safepath
+from .errors import DrumsError, Unavailable
+
+_routes: dict[int, int] = {}  # display number -> session init pid
+_routes_lock = threading.Lock()
+_plain_get_socket = _xconnect.get_socket
+
+
+def _get_socket(dname, protocol, host, dno):
+    with _routes_lock:
+        pid = _routes.get(dno)
+    if pid is None or host:
+        return _plain_get_socket(dname, protocol, host, dno)
+    try:
+        return safepath.connect_unix(f"/proc/{pid}/root", "tmp/.X11-unix/X0")
+    except DrumsError as exc:
+        raise OSError(f"X socket of display :{dno}: {exc.message}") from exc
+
+
+_xconnect.get_socket = _get_socket
+
+
+def register_session(number: int, init_pid: int) -> None:
+    """Route connections to display ``number`` to the X socket inside the session whose init is ``init_pid``."""
+    with _routes_lock:
+        _routes[number] = init_pid
+
+
+def unregister_session(number: int) -> None:
+    with _routes_lock:
+        _routes.pop(number, None)
 
 
 @dataclass

@@ -1,120 +1,151 @@
-"""Start a cold session: new namespaces, pivot into the overlay root, exec the session init.
+"""Start a cold session: namespaces, the contained root, then exec the session init.
 
-Run by the supervisor as ``python -m drums_core.launch <spec.json>``. It unshares the namespaces,
-forks the namespace's pid 1, prints that process's host pid on stdout once the root is in place,
-and exits; the init then outlives both this launcher and the daemon.
+Run by the supervisor as ``python -m drums_core.launch <spec.json>`` (host root). The order is what
+makes the containment hold (see :mod:`drums_core.containment` for what is applied):
+
+1. The launcher's child makes a mount and a pid namespace **owned by the host's user namespace**
+   and forks the pid-ns init. The init, still host root, mounts ``/proc`` (read-only and masked
+   parts), sized tmpfs for ``/tmp``, ``/run`` and ``/dev/shm``, and pivots into the overlay root.
+2. The init then enters a new user namespace whose maps (written by the child from outside) put
+   ids 0..65535 on the unprivileged host range ``id_base..``, becomes uid 0 there, and makes the
+   session's own mount, net, uts and ipc namespaces. Its mount namespace is a copy made from a
+   more privileged one, so the kernel locks every mount made in step 1: the session's root cannot
+   unmount the masks, remount ``/proc/sys`` writable, or resize its tmpfs; and because the pid
+   namespace belongs to the host's user namespace, it cannot mount another ``/proc``.
+3. It drops the capability bounding set, installs the seccomp filter and execs the session init.
+
+The launcher prints the init's host pid on stdout once the init has exec'd, and exits; the init
+then outlives both this launcher and the daemon.
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
-from . import linux
+from . import containment, linux
 
 _NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 
 
-def make_dev_nodes(root: str) -> None:
-    """Device nodes live in the session's upper (made from the host: mknod is refused inside a user namespace)."""
+def make_dev_nodes(root: str, owner: int) -> None:
+    """Device nodes live in the session's upper (made from the host: mknod is refused inside a user namespace).
+
+    ``root`` is a fresh upper over the image, made by the daemon; nothing in it is session-made yet.
+    """
     dev = f"{root}/dev"
     os.makedirs(dev, exist_ok=True)
+    for entry in os.scandir(dev):  # an image's other nodes (console, ...) are the host's devices: hide them
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and entry.name not in _NODES:
+            os.unlink(entry.path)
     for name, (major, minor) in _NODES.items():
         path = f"{dev}/{name}"
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+        os.lchown(path, owner, owner)
         os.chmod(path, 0o666)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        if os.path.lexists(f"{dev}/{name}") and not os.path.islink(f"{dev}/{name}"):
+            os.unlink(f"{dev}/{name}")  # an image's /dev/ptmx node: the root is nodev, the pts instance's works
         if not os.path.lexists(f"{dev}/{name}"):
             os.symlink(target, f"{dev}/{name}")
+            os.lchown(f"{dev}/{name}", owner, owner)
     for sub in ("pts", "shm"):
         os.makedirs(f"{dev}/{sub}", exist_ok=True)
+        os.lchown(f"{dev}/{sub}", owner, owner)
 
 
-def _prepare_root(root: str, uid: int) -> None:
-    linux.mount("none", "/", None, linux.MS_REC | linux.MS_PRIVATE)
-    linux.mount(root, root, None, linux.MS_BIND | linux.MS_REC)
-    linux.mount("proc", f"{root}/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-    linux.mount("devpts", f"{root}/dev/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC,
-                "newinstance,ptmxmode=0666,mode=620,gid=5")
-    linux.mount("tmpfs", f"{root}/dev/shm", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=1777")
-    linux.mount("tmpfs", f"{root}/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=1777")
-    linux.mount("tmpfs", f"{root}/run", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "mode=755")
-    os.makedirs(f"{root}/run/user/{uid}", mode=0o700)
-    os.chown(f"{root}/run/user/{uid}", uid, uid)
-    os.makedirs(f"{root}/run/lock", mode=0o1777)
-    old = f"{root}/.oldroot"
-    os.makedirs(old, exist_ok=True)
-    linux.pivot_root(root, old)
-    os.chdir("/")
-    linux.umount("/.oldroot", linux.MNT_DETACH)
+def _write_maps(proc_dir: int, base: int, count: int) -> None:
+    for name in ("uid_map", "gid_map"):
+        fd = os.open(name, os.O_WRONLY, dir_fd=proc_dir)
+        try:
+            os.write(fd, f"0 {base} {count}\n".encode())
+        finally:
+            os.close(fd)
 
 
-def _child(spec: dict, maps_done_r: int, userns_w: int, report_w: int) -> None:
-    """Runs in the launcher's child: enter a user namespace, wait for its maps, make the rest, fork init."""
+def _init(spec: dict, to_child: int, from_child: int, ready_w: int) -> None:
+    """The pid-ns init: contained root as host root, then into the session's user namespace, then exec."""
+    seccomp_filter = containment.seccomp_filter()  # built (and libseccomp imported) before the pivot
+    containment.prepare_root(spec)
     linux.unshare(linux.CLONE_NEWUSER)
-    os.write(userns_w, b"u")
-    if os.read(maps_done_r, 1) != b"m":
+    os.write(to_child, b"u")
+    if os.read(from_child, 1) != b"m":
         os._exit(1)
-    linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWPID | linux.CLONE_NEWNET | linux.CLONE_NEWUTS
-                  | linux.CLONE_NEWIPC)
-    ready_r, ready_w = os.pipe()
+    os.setresgid(0, 0, 0)
+    os.setgroups([])
+    os.setresuid(0, 0, 0)
+    linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWNET | linux.CLONE_NEWUTS | linux.CLONE_NEWIPC)
+    containment.mount_devpts()
+    linux.sethostname(spec["hostname"])
+    os.setsid()
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    argv = [spec["python"], "-m", "drums_core.sessioninit", "--tag", spec["tag"], "--session", spec["session"],
+            "--ready-fd", str(ready_w)]
+    os.set_inheritable(ready_w, True)
+    env = {"PATH": spec["path"], "LANG": "C.UTF-8"}
+    if spec.get("pythonpath"):
+        env["PYTHONPATH"] = spec["pythonpath"]
+    containment.drop_bounding_set()
+    containment.install_seccomp(seccomp_filter)
+    os.execve(spec["python"], argv, env)
+
+
+def _child(spec: dict, report_w: int) -> None:
+    """Runs in the launcher's child (host root): make the pid/mount namespaces, fork the init, map it."""
+    linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWPID)
+    to_child_r, to_child_w = os.pipe()   # init -> child: "u" = user namespace made
+    to_init_r, to_init_w = os.pipe()     # child -> init: "m" = maps written
+    ready_r, ready_w = os.pipe()         # init (session init after exec) -> child: "ok" or the error
     pid = os.fork()
-    if pid:
-        os.close(ready_w)
-        status = os.read(ready_r, 4096).decode()
-        os.write(report_w, f"{pid}\n{status}".encode())
-        os._exit(0)
-    os.close(ready_r)
-    try:
-        _prepare_root(spec["root"], spec["uid"])
-        linux.sethostname(spec["hostname"])
-        os.setsid()
-        devnull = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.close(devnull)
-        argv = [spec["python"], "-m", "drums_core.sessioninit", "--tag", spec["tag"], "--session", spec["session"],
-                "--ready-fd", str(ready_w)]
-        os.set_inheritable(ready_w, True)
-        env = {"PATH": spec["path"], "LANG": "C.UTF-8"}
-        if spec.get("pythonpath"):
-            env["PYTHONPATH"] = spec["pythonpath"]
-        os.execve(spec["python"], argv, env)
-    except BaseException as exc:  # noqa: BLE001 - report anything to the parent, then die
-        os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
+    if pid == 0:
+        for fd in (to_child_r, to_init_w, ready_r, report_w):
+            os.close(fd)
+        try:
+            _init(spec, to_child_w, to_init_r, ready_w)
+        except BaseException as exc:  # noqa: BLE001 - report anything to the parent, then die
+            os.write(ready_w, f"{type(exc).__name__}: {exc}".encode()[:4000])
         os._exit(1)
+    for fd in (to_child_w, to_init_r, ready_w):
+        os.close(fd)
+    # The init's pivot_root moves this process's root too (same mount namespace): hold /proc/<pid> now.
+    proc_dir = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY)
+    if os.read(to_child_r, 1) == b"u":
+        _write_maps(proc_dir, spec["id_base"], spec["id_count"])
+        os.write(to_init_w, b"m")
+    os.close(to_init_w)
+    status = b""
+    while True:
+        chunk = os.read(ready_r, 4096)
+        if not chunk:
+            break
+        status += chunk
+    os.write(report_w, f"{pid}\n{status.decode(errors='replace') or 'init exited before exec'}".encode())
+    os._exit(0)
 
 
 def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
-    make_dev_nodes(spec["root"])
-    # The session gets a user namespace owned by host root with the identity mapping: host root keeps
-    # every capability over it (CRIU needs CAP_SYS_RESOURCE over uid-1000 processes to read their
-    # rlimits, and this host's bounding set lacks it), while uids inside are the host's own.
-    maps_r, maps_w = os.pipe()
-    userns_r, userns_w = os.pipe()
+    make_dev_nodes(spec["root"], spec["id_base"])
+    os.chown(spec["root"], spec["id_base"], spec["id_base"])  # the root directory is the fresh upper's: root's own
+    os.chmod(spec["root"], 0o755)
     report_r, report_w = os.pipe()
     child = os.fork()
     if child == 0:
-        os.close(maps_w)
-        os.close(userns_r)
         os.close(report_r)
         try:
-            _child(spec, maps_r, userns_w, report_w)
+            _child(spec, report_w)
+        except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then die
+            os.write(report_w, f"0\n{type(exc).__name__}: {exc}".encode()[:4000])
         finally:
             os._exit(1)
-    os.close(maps_r)
-    os.close(userns_w)
     os.close(report_w)
-    if os.read(userns_r, 1) != b"u":
-        sys.stderr.write("launcher child died before making its user namespace\n")
-        sys.exit(1)
-    for name in ("uid_map", "gid_map"):
-        with open(f"/proc/{child}/{name}", "w") as f:
-            f.write("0 0 4294967295\n")
-    os.write(maps_w, b"m")
     report = b""
     while True:
         chunk = os.read(report_r, 4096)

@@ -61,6 +61,9 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
     for kind, key in (("x11link", str(link)), ("link", s.ifname), ("process", sid), ("mount", s.root),
                       ("dir", s.dir), ("session", sid)):
         old.forget(kind, key)
+    from . import display
+
+    display.register_session(s.display, s.init_pid)
     if not link.is_symlink():
         X11_DIR.mkdir(mode=0o1777, exist_ok=True)
         link.symlink_to(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")

@@ -1,13 +1,13 @@
 """Overlay roots: the desktop image layer, per-session uppers, and freezing an upper into a layer."""
 from __future__ import annotations
 
-import crypt
+import hashlib
 import os
 import shutil
 from pathlib import Path
 
-from . import linux
-from .config import SESSION_PASSWORD, SESSION_UID, SESSION_USER
+from . import linux, safepath
+from .config import GUEST_CODE
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -29,69 +29,47 @@ def ensure_tmpfs(path: Path, size: str = "50%") -> bool:
     return True
 
 
-def _rewrite(lines: list[str], name: str, uid: int, new: str) -> list[str]:
-    out = []
-    for line in lines:
-        fields = line.split(":")
-        if fields[0] == name:
-            continue
-        if len(fields) > 2 and fields[2].isdigit() and int(fields[2]) == uid:
-            continue
-        out.append(line)
-    out.append(new)
-    return out
+def build_code_layer(parent: Path, owner: int) -> Path:
+    """The Drums code layer: this package's Python sources at ``GUEST_CODE`` inside every session.
 
-
-def build_image_layer(layer: Path) -> None:
-    """Write the image layer: user ``user`` (uid 1000, sudo with password ``password``) and its home.
-
-    The host's own accounts stay as they are; the layer shadows /etc/passwd, group and shadow.
+    Laid over the image, so the session init and the guest server run from inside the session (the
+    image's own Python, never the host's venv). Named by a hash of the sources, so a daemon of
+    another version never reuses it; owned by the session's root (``owner``), like the image.
     """
-    tmp = layer.with_name(layer.name + ".tmp")
+    here = Path(__file__).resolve().parent.parent
+    files: list[tuple[Path, str]] = []
+    for pkg in ("drums_core", "drums_osworld"):
+        for p in sorted((here / pkg).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed", ".json"):
+                files.append((p, str(p.relative_to(here))))
+    digest = hashlib.sha256()
+    for p, rel in files:
+        digest.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    layer = parent / f"code-{digest.hexdigest()[:16]}-{owner}"
+    if layer.is_dir():
+        return layer
+    tmp = parent / f".{layer.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "etc/drums").mkdir(parents=True)
-    user, uid = SESSION_USER, SESSION_UID
-    passwd = _rewrite(Path("/etc/passwd").read_text().splitlines(), user, uid,
-                      f"{user}:x:{uid}:{uid}:Drums user:/home/{user}:/bin/bash")
-    group_lines = []
-    for line in Path("/etc/group").read_text().splitlines():
-        fields = line.split(":")
-        if fields[0] == user or (len(fields) > 2 and fields[2] == str(uid)):
-            continue
-        if fields[0] in ("sudo", "audio", "video", "plugdev", "netdev"):
-            members = [m for m in fields[3].split(",") if m] + [user]
-            fields[3] = ",".join(members)
-            line = ":".join(fields)
-        group_lines.append(line)
-    group_lines.append(f"{user}:x:{uid}:")
-    pw_hash = crypt.crypt(SESSION_PASSWORD, crypt.mksalt(crypt.METHOD_SHA512))
-    shadow = [line for line in Path("/etc/shadow").read_text().splitlines() if line.split(":")[0] != user]
-    passwd_names = {line.split(":")[0] for line in passwd}
-    shadow = [line for line in shadow if line.split(":")[0] in passwd_names]
-    shadow.append(f"{user}:{pw_hash}:19000:0:99999:7:::")
-    (tmp / "etc/passwd").write_text("\n".join(passwd) + "\n")
-    (tmp / "etc/group").write_text("\n".join(group_lines) + "\n")
-    (tmp / "etc/shadow").write_text("\n".join(shadow) + "\n")
-    os.chmod(tmp / "etc/shadow", 0o640)
-    (tmp / "etc/sudoers.d").mkdir()
-    (tmp / "etc/sudoers.d/drums").write_text(f"{user} ALL=(ALL:ALL) ALL\nDefaults:{user} !use_pty, !lecture\n")
-    os.chmod(tmp / "etc/sudoers.d/drums", 0o440)
-    for sub in ("", "Desktop", "Documents", "Downloads", ".config"):
-        d = tmp / "home" / user / sub
-        d.mkdir(parents=True, exist_ok=True)
-        os.chown(d, uid, uid)
-    xauth = tmp / "home" / user / ".Xauthority"  # pyautogui's Xlib import fails without one
-    xauth.touch()
-    os.chown(xauth, uid, uid)
-    os.chmod(xauth, 0o600)
-    for d in ("home", "etc", "etc/drums", "etc/sudoers.d"):
-        os.chmod(tmp / d, 0o755)
-    os.chmod(tmp / "etc/sudoers.d", 0o750)
-    (tmp / ".oldroot").mkdir()
-    tmp.rename(layer)
+    dest = tmp / GUEST_CODE.lstrip("/")
+    for p, rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dest / rel)
+    for dirpath, dirs, names in os.walk(tmp):
+        for name in [*dirs, *names]:
+            full = os.path.join(dirpath, name)
+            os.lchown(full, owner, owner)
+            os.chmod(full, 0o755 if name in dirs else 0o644)
+    os.chown(tmp, owner, owner)
+    os.chmod(tmp, 0o755)
+    try:
+        tmp.rename(layer)
+    except OSError:  # another daemon made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return layer
 
 
 def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Path) -> None:
+    """The session root: ``nodev`` (the launcher binds the few usable device nodes over it)."""
     lowerdir = ":".join(str(p) for p in lowers)
     opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on"
     linux.mount("overlay", str(target), "overlay", 0, opts)
@@ -118,17 +96,19 @@ def unmount_tree(target: Path) -> int:
     return count
 
 
-def write_session_files(root: Path, hostname: str, machine_id: str, spec_json: str | None = None) -> None:
-    etc = root / "etc"
-    (etc / "hostname").write_text(hostname + "\n")
-    (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n")
-    mid = etc / "machine-id"
-    if mid.is_symlink():
-        mid.unlink()
-    mid.write_text(machine_id + "\n")
+def write_session_files(root: Path, hostname: str, machine_id: str, owner: int,
+                        spec_json: str | None = None) -> None:
+    """The reseeded identity files, written through :mod:`drums_core.safepath`: the root is the
+    session's, so a symlink it planted on any of these paths fails the write (``UNSAFE_PATH``)."""
+    r = str(root)
+    ids = (owner, owner)
+    safepath.write_file(r, "etc/hostname", hostname + "\n", owner=ids)
+    safepath.write_file(r, "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n",
+                        owner=ids)
+    safepath.write_file(r, "etc/machine-id", machine_id + "\n", mode=0o444, owner=ids)
     if spec_json is not None:
-        (etc / "drums").mkdir(exist_ok=True)
-        (etc / "drums/session.json").write_text(spec_json)
+        safepath.make_dir(r, "etc/drums", owner=ids)
+        safepath.write_file(r, "etc/drums/session.json", spec_json, owner=ids)
 
 
 def dir_size(path: Path) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import logging
 import os
 import shutil
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import requests
 
-from . import criu, display, faults, netns, rootfs
-from .config import (SESSION_PATH, SESSION_UID, SESSION_USER, VENV, X11_DIR, Instance, check_name,
-                     display_number, host_ifname, nft_table_name, slot_addresses)
+from . import containment, criu, display, faults, netns, rootfs
+from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, IMAGE_STORE, SESSION_PATH, SESSION_UID,
+                     SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
+                     slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .ledger import Ledger
 from .procs import mount_key
@@ -59,6 +61,12 @@ class SessionSpec:
     reseed_path: str | None = None
     expect_window: str | None = None
     ready_timeout: float = 60.0
+    tmp_size: str = "1g"
+    shm_size: str = "512m"
+    run_size: str = "256m"
+
+    def sizes(self) -> dict:
+        return {"tmp": self.tmp_size, "shm": self.shm_size, "run": self.run_size}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SessionSpec":
@@ -74,6 +82,9 @@ class SessionSpec:
             data["screen"] = (int(w), int(h))
         spec = cls(**data)
         check_name(spec.image, "image")
+        for size in (spec.tmp_size, spec.shm_size, spec.run_size):
+            if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
+                raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
         for prog in spec.programs:
             if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name"):
                 raise InvalidArgument(f"bad program entry {prog!r}", reason="BAD_SPEC")
@@ -167,6 +178,7 @@ class Supervisor:
         self._checkpoints: dict[str, _Flight] = {}
         self.counters = {"dumps": 0, "restores": 0}
         self.init_pids_seen: set[int] = set()  # the reaper reaps these at once (orphaned to us)
+        self._code_layer: Path | None = None
         instance.state_dir.mkdir(parents=True, exist_ok=True)
         self.mounted_state = rootfs.ensure_tmpfs(instance.state_dir)
         for d in (instance.sessions_dir, instance.snapshots_dir, instance.images_dir, instance.ledger_root):
@@ -190,14 +202,17 @@ class Supervisor:
         with self._lock:
             self._slots_in_use.discard(slot)
 
-    def image_layer(self, image: str) -> Path:
+    def image_lowers(self, image: str) -> list[Path]:
+        """The lowest layers of a session of ``image``: the Drums code layer over the image's root filesystem."""
         check_name(image, "image")
-        layer = self.instance.images_dir / image / "layer"
+        rootfs_dir = IMAGE_STORE / image / "rootfs"
+        if not rootfs_dir.is_dir():
+            raise NotFound(f"no desktop image {image!r} in {IMAGE_STORE}: build it with `drums image build {image}`",
+                           reason="IMAGE_NOT_FOUND")
         with self._lock:
-            if not layer.is_dir():
-                layer.parent.mkdir(parents=True, exist_ok=True)
-                rootfs.build_image_layer(layer)
-        return layer
+            if self._code_layer is None:
+                self._code_layer = rootfs.build_code_layer(self.instance.images_dir, ID_BASE)
+        return [self._code_layer, rootfs_dir]
 
     def get(self, sid: str) -> Session:
         if not isinstance(sid, str):
@@ -253,6 +268,7 @@ class Supervisor:
         self.ledger.update("mount", s.root, mount_key=mount_key(s.root))
 
     def _x11_link(self, s: Session) -> None:
+        display.register_session(s.display, s.init_pid)
         X11_DIR.mkdir(mode=0o1777, exist_ok=True)
         link = X11_DIR / f"X{s.display}"
         self.ledger.record("x11link", str(link), session=s.id, target=f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
@@ -293,7 +309,7 @@ class Supervisor:
     def create(self, spec: dict | SessionSpec | None = None) -> Session:
         """Boot a cold session. Unavailable on any failure, after a full rollback."""
         spec = spec if isinstance(spec, SessionSpec) else SessionSpec.from_dict(spec)
-        layer = self.image_layer(spec.image)
+        lowers = self.image_lowers(spec.image)
         slot = self._alloc_slot()
         s = self._new_session(spec, slot)
         t0 = time.monotonic()
@@ -303,8 +319,9 @@ class Supervisor:
             mark = _Marks(s.timings, t0)
             self._record_session(s)
             self._prepare_dirs(s)
-            self._mount_root(s, [layer, "/"])
-            rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, json.dumps(self._init_spec(s)))
+            self._mount_root(s, lowers)
+            rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE,
+                                       json.dumps(self._init_spec(s)))
             mark("root")
             netns.wait_link_gone(s.ifname)
             mark("slot_free")
@@ -335,21 +352,15 @@ class Supervisor:
                 raise Unavailable(f"session start failed: {exc}", reason="START_FAILED") from exc
             raise
 
-    def _session_pythonpath(self) -> str | None:
-        here = Path(__file__).resolve().parent.parent
-        if any(str(here).startswith(p) for p in ("/tmp", "/run", "/dev", "/proc")):
-            return None
-        return str(here)
-
     def _launch(self, s: Session) -> int:
         spec = {"root": s.root, "uid": SESSION_UID, "hostname": s.hostname, "tag": self.tag, "session": s.id,
-                "python": str(VENV / "bin/python"), "path": SESSION_PATH, "pythonpath": self._session_pythonpath()}
-        pp = spec["pythonpath"]
+                "python": GUEST_PYTHON, "path": SESSION_PATH, "pythonpath": GUEST_CODE,
+                "id_base": ID_BASE, "id_count": ID_COUNT, "sizes": s.spec.sizes()}
         launch_file = Path(s.dir) / "launch.json"
         launch_file.write_text(json.dumps(spec))
-        env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8"}
-        if pp:
-            env["PYTHONPATH"] = pp
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        here = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = here  # the launcher is the host's code (it runs as host root, before the pivot)
         out = subprocess.run([sys.executable, "-m", "drums_core.launch", str(launch_file)], capture_output=True,
                              text=True, timeout=30, env=env, cwd="/")
         if out.returncode != 0:
@@ -372,6 +383,7 @@ class Supervisor:
             wait_dead(s.init_pid, s.init_start, timeout=10)
         counts["processes"] += kill_tree_under(s.dir)
         link = X11_DIR / f"X{s.display}"
+        display.unregister_session(s.display)
         if self.ledger.get("x11link", str(link)):
             if link.is_symlink():
                 link.unlink()
@@ -598,7 +610,7 @@ class Supervisor:
                      expect_window: str | None = None, count_retry: bool = True,
                      min_nonblank: float = 0.0) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
-        layer = self.image_layer(spec.image)
+        lowers = self.image_lowers(spec.image)
         broken = self.store.broken_reason(snap.id)
         if broken:
             raise Internal(f"snapshot {snap.id} is broken: {broken}", reason="SNAPSHOT_BROKEN", detail=broken)
@@ -625,7 +637,7 @@ class Supervisor:
             self._record_session(s)
             faults.hit("restore-before-overlay")
             self._prepare_dirs(s)
-            self._mount_root(s, [*snap.layers, layer, "/"])
+            self._mount_root(s, [*snap.layers, *lowers])
             faults.hit("restore-after-overlay")
             netns.wait_link_gone(s.ifname)
             faults.arm_criu_timer()
@@ -663,7 +675,7 @@ class Supervisor:
                 if reseed:
                     self._reseed(s)
                 else:
-                    rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
+                    rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE)
                 s.timings["reseed"] = time.monotonic() - t0
             finally:
                 waiter.join()
@@ -713,7 +725,7 @@ class Supervisor:
     def _reseed(self, s: Session) -> None:
         faults.hit("restore-mid-reseed")
         faults.fail("restore-reseed")
-        rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id)
+        rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE)
         import socket as _socket
 
         try:
@@ -777,8 +789,8 @@ class Supervisor:
         s = self._usable(sid)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
-        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "--preserve-credentials",
-               "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        # nsenter becomes uid/gid 0 of the session's user namespace (an unprivileged host id)
+        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
         env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
         if user not in (None, "root"):
             if user != SESSION_USER:
@@ -791,9 +803,11 @@ class Supervisor:
         else:
             env.update({"HOME": "/root", "USER": "root"})
             cwd = "/"
-        cmd += ["--", "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()], *argv]
+        cmd += ["--", *containment.setpriv_argv(), "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()],
+                *argv]
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
+                                 preexec_fn=containment.enter_preexec)
         except subprocess.TimeoutExpired as exc:
             raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
         return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}

@@ -19,10 +19,12 @@ def _on_import() -> None:
     import importlib
     import importlib.util
 
-    for module, hook in (("drums_osworld.provider.registration", "install_import_hook"),
-                         ("drums_osworld.gym_env", "register_envs")):
+    # Inside a desktop (the guest server) neither OSWorld nor gymnasium is installed: skip what needs them.
+    for module, hook, needs in (("drums_osworld.provider.registration", "install_import_hook", None),
+                                ("drums_osworld.gym_env", "register_envs", "gymnasium")):
         try:
-            present = importlib.util.find_spec(module) is not None
+            present = importlib.util.find_spec(module) is not None and (
+                needs is None or importlib.util.find_spec(needs) is not None)
         except ModuleNotFoundError:  # the parent package is absent
             present = False
         if present:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from drums_core.client import Client
-from drums_core.config import VENV
+from drums_core.config import GUEST_PYTHON
 
 from .guest_client import GuestClient
 
@@ -24,7 +24,7 @@ DEFAULT_IMAGE = "default"
 def desktop_spec(screen: tuple[int, int] = (1920, 1080), image: str = DEFAULT_IMAGE,
                  expect_window: str | None = None, extra_programs: list[dict] | None = None) -> dict:
     """The session spec of an OSWorld desktop: Xvfb + openbox + D-Bus + the guest server."""
-    programs = [{"name": "guest", "argv": [str(VENV / "bin/python"), "-m", "drums_osworld.guest",
+    programs = [{"name": "guest", "argv": [GUEST_PYTHON, "-m", "drums_osworld.guest",
                                             "--port", str(GUEST_PORT)]}]
     programs += list(extra_programs or [])
     return {"image": image, "screen": [int(screen[0]), int(screen[1])], "programs": programs,
