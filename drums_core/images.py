@@ -72,7 +72,7 @@ MIRROR_LINES = (
     "deb http://deb.debian.org/debian bookworm-updates main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
-# Bump when the customisation below changes: it is part of every spec_hash, so images rebuild.
+# Part of every spec_hash (with the customisation's own text): bump it to rebuild every image.
 RECIPE_VERSION = 1
 # The guest environment's PyPI packages, pinned with their closure (installed with --no-deps; the
 # rest comes from Debian through --system-site-packages).
@@ -350,8 +350,10 @@ def _sha256_file(path: str) -> str:
 
 
 def _recipe() -> dict[str, Any]:
+    # The customisation script's text is in it too: editing it rebuilds images without a version bump.
     return {"version": RECIPE_VERSION, "guest_pip": list(GUEST_PIP), "mirrors": list(MIRROR_LINES),
-            "customise_packages": list(CUSTOMISE_PACKAGES)}
+            "customise_packages": list(CUSTOMISE_PACKAGES), "customise": _customise_script(),
+            "finish": _FINISH_SCRIPT}
 
 
 def spec_hash(spec: ImageSpec) -> str:
@@ -383,7 +385,7 @@ def up_to_date(spec: ImageSpec) -> Manifest | None:
 def _locked(name: str, *, shared: bool = False, progress: Progress | None = None) -> Iterator[None]:
     lock_dir = store() / ".locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_dir / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(lock_dir / config.check_name(name, "image name"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
@@ -543,6 +545,12 @@ mount --rbind /dev "$root/dev"
 if [ "$network" = 1 ]; then
     [ -e "$root/etc/resolv.conf" ] || : >"$root/etc/resolv.conf"
     mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
+    # Downloads trust what the host trusts (it may reach PyPI through a TLS-inspecting proxy);
+    # the image keeps its own bundle: this bind ends with the namespace.
+    bundle=/etc/ssl/certs/ca-certificates.crt
+    if [ -f "$bundle" ] && [ -f "$root$bundle" ] && [ ! -L "$root$bundle" ]; then
+        mount --bind "$bundle" "$root$bundle"
+    fi
 fi
 exec chroot "$root" /bin/sh -ec "$cmd"
 """
@@ -676,11 +684,18 @@ def _run_commands(b: _Builder) -> None:
         b.chroot(cmd, f"command {i}: {cmd}", network=True)
 
 
+_FINISH_SCRIPT = """
+apt-get clean
+rm -rf /var/lib/apt/lists/* /root/.cache /tmp/* /var/tmp/*
+find /var/log -type f -delete
+: >/etc/machine-id
+printf '# sessions have no name service\\n' >/etc/resolv.conf
+"""
+
+
 def _finish(b: _Builder) -> None:
     b.say("cleaning apt caches ...")
-    b.chroot("apt-get clean\nrm -rf /var/lib/apt/lists/* /root/.cache /tmp/* /var/tmp/*\n"
-             "find /var/log -type f -delete\n: >/etc/machine-id\n"
-             "printf '# sessions have no name service\\n' >/etc/resolv.conf\n", "cleanup")
+    b.chroot(_FINISH_SCRIPT, "cleanup")
 
 
 def _verify(b: _Builder) -> dict[str, str]:
@@ -844,12 +859,22 @@ def _assemble(b: _Builder, digest: str, t0: float) -> Manifest:
                     file_caps=[{**c, "path": "/" + os.path.relpath(c["path"], b.rootfs)} for c in shift.caps])
 
 
+def _syncfs(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+    finally:
+        os.close(fd)
+
+
 def _commit(b: _Builder, m: Manifest) -> None:
     """Write the manifest last, flush to disk, then make the image visible in one rename."""
     tmp = b.dir / "manifest.json.tmp"
     tmp.write_text(json.dumps(m.to_json(), indent=1, sort_keys=True) + "\n")
     os.rename(tmp, b.dir / "manifest.json")
-    os.sync()  # the rootfs's data reaches the disk before the image becomes visible
+    _syncfs(b.dir)  # the rootfs's data reaches the disk before the image becomes visible
     target = _image_dir(b.spec.name)
     if target.exists():
         _exchange(b.dir, target)  # b.dir now holds the old image
@@ -865,6 +890,8 @@ def build(spec: ImageSpec, progress: Progress | None = None, force: bool = False
     if os.geteuid() != 0:
         raise FailedPrecondition("building an image needs root (mmdebstrap, chroot, chown)",
                                  reason="NOT_ROOT")
+    if spec.derived:
+        get(spec.base)  # NotFound (saying how to build it) before anything is created
     store().mkdir(parents=True, exist_ok=True)
     with _locked(spec.name, progress=say):
         _remove_stale_builds(spec.name, say)

@@ -1,0 +1,329 @@
+"""Desktop images (drums_core.images): spec validation, real builds, the id shift, crash safety.
+
+The builds are real (mmdebstrap, apt, chroot) and need root and the network (deb.debian.org,
+PyPI). The default image is built once if the store lacks it (CI's first run) and reused
+otherwise; every other image a test makes is removed afterwards, also when the test fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from drums_core import config, images
+from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("image builds need root (mmdebstrap, chroot, chown)")
+
+
+def _write_spec(tmp_path: Path, doc: object, name: str = "spec.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def _images_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "drums_core.cli", *args], cwd=CHECKOUT, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def _cleanup(name: str) -> None:
+    """Remove every trace of a test image: the image, interrupted builds, its lock file."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if f"drums-image-test-{name}" in point:
+            subprocess.run(["umount", "-l", point], check=False)
+    target = config.IMAGE_STORE / name
+    if target.exists():
+        shutil.rmtree(target)
+    for d in images._stale_builds(name):
+        shutil.rmtree(d, ignore_errors=True)
+    (config.IMAGE_STORE / ".locks" / name).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def image_name() -> Iterator[str]:
+    name = f"test-{secrets.token_hex(4)}"
+    try:
+        yield name
+    finally:
+        _cleanup(name)
+
+
+@pytest.fixture(scope="session")
+def default_image() -> images.Manifest:
+    _require_root()
+    try:
+        return images.check_usable(config.DEFAULT_IMAGE)
+    except NotFound:
+        return images.build(images.default_spec(), progress=print)
+
+
+# ----------------------------------------------------------------------------- spec validation
+def _hello(tmp_path: Path) -> Path:
+    src = tmp_path / "hello.txt"
+    src.write_text("hello from the host\n")
+    return src
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"name": "x", "colour": "red"}, "unknown field"),
+    ({"name": "../etc"}, "invalid image name"),
+    ({"name": "a/b"}, "invalid image name"),
+    ({"base": "default"}, "needs a 'name'"),
+    ({"name": "x", "base": "x"}, "its own base"),
+    ({"name": "x", "base": "../default"}, "invalid base image"),
+    ({"name": "x", "packages": ["jq; rm -rf /"]}, "invalid Debian package name"),
+    ({"name": "x", "packages": "jq"}, "must be a list"),
+    ({"name": "x", "commands": [1]}, "non-empty strings"),
+    ({"name": "x", "files": [{"src": "/nonexistent/file", "dest": "/etc/x"}]}, "does not exist"),
+    ({"name": "x", "files": [{"src": "HELLO", "dest": "etc/x"}]}, "absolute"),
+    ({"name": "x", "files": [{"src": "HELLO", "dest": "/etc/../root/x"}]}, "no '..'"),
+    ({"name": "x", "files": [{"src": "HELLO", "dest": "/etc/"}]}, "no trailing"),
+    ({"name": "x", "files": [{"src": "HELLO", "dest": "/etc/x", "mode": "rw"}]}, "octal"),
+    ({"name": "x", "files": [{"src": "HELLO", "dest": "/etc/x", "owner": "me"}]}, "unknown field"),
+    (["name", "x"], "JSON object"),
+])
+def test_load_spec_rejects_malformed_specs(tmp_path: Path, doc: object, message: str) -> None:
+    hello = str(_hello(tmp_path))
+    doc = json.loads(json.dumps(doc).replace("HELLO", hello))
+    with pytest.raises(InvalidArgument, match=re.escape(message)) as info:
+        images.load_spec(_write_spec(tmp_path, doc))
+    assert info.value.reason in ("INVALID_IMAGE_SPEC", "INVALID_NAME")
+
+
+def test_load_spec_rejects_bad_json_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x",\n')
+    with pytest.raises(InvalidArgument, match="not valid JSON"):
+        images.load_spec(bad)
+    with pytest.raises(InvalidArgument, match="cannot read"):
+        images.load_spec(tmp_path / "missing.json")
+
+
+def test_load_spec_accepts_a_user_spec(tmp_path: Path) -> None:
+    _hello(tmp_path)
+    spec = images.load_spec(_write_spec(tmp_path, {
+        "name": "mine", "base": "default", "packages": ["tree"],
+        "files": [{"src": "hello.txt", "dest": "/etc/hello.txt", "mode": "0640"}],
+        "commands": ["true"]}))
+    assert spec.base == "default" and spec.derived and spec.packages == ("tree",)
+    assert spec.files[0].src == str(tmp_path / "hello.txt") and spec.files[0].mode == 0o640
+    assert spec.to_json()["files"][0]["mode"] == "0640"
+
+
+def test_default_spec_and_missing_images() -> None:
+    spec = images.default_spec()
+    assert spec.name == "default" and not spec.derived
+    assert {"sudo", "xvfb", "libreoffice-calc", "python3-flask"} <= set(spec.packages)
+    assert "dbus-user-session" not in spec.packages  # pulls systemd and pam_systemd
+    with pytest.raises(NotFound, match="drums image build"):
+        images.get("no-such-image")
+    with pytest.raises(InvalidArgument):
+        images.get("../default")
+    with pytest.raises(InvalidArgument, match="no built-in spec"):
+        images.builtin_spec("mine")
+
+
+# ------------------------------------------------------------------------------------ id shift
+def test_shift_ids_keeps_setuid_and_caps_never_follows_symlinks(tmp_path: Path) -> None:
+    _require_root()
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    suid = root / "bin" / "su"
+    suid.write_bytes(b"#!/bin/sh\n")
+    os.chmod(suid, 0o4755)
+    os.link(suid, root / "bin" / "su-hardlink")  # shifted once, not twice
+    capped = root / "bin" / "ping"
+    capped.write_bytes(b"x")
+    subprocess.run(["setcap", "cap_net_raw+ep", str(capped)], check=True)
+    host_file = tmp_path / "host-file"
+    host_file.write_text("host")
+    os.symlink(host_file, root / "escape")
+    os.lchown(root / "bin", 0, 1000)
+
+    report = images.shift_ids(root, config.ID_BASE)
+    assert report.files == 6  # root, bin, su, su-hardlink, ping, escape
+    assert os.lstat(root).st_uid == config.ID_BASE
+    assert os.lstat(root / "bin").st_gid == config.ID_BASE + 1000
+    st = os.stat(suid)
+    assert st.st_uid == config.ID_BASE and st.st_mode & stat.S_ISUID
+    assert os.lstat(root / "escape").st_uid == config.ID_BASE
+    assert os.stat(host_file).st_uid == 0  # the symlink's target is untouched
+    assert report.caps == [{"path": str(capped), "restored": True}]
+    caps = subprocess.run(["getcap", "-n", str(capped)], capture_output=True, text=True).stdout
+    assert "cap_net_raw" in caps and f"rootid={config.ID_BASE}" in caps
+
+    back = images.shift_ids(root, -config.ID_BASE)
+    assert os.stat(suid).st_uid == 0 and os.stat(suid).st_mode & stat.S_ISUID and back.files == 6
+    os.lchown(root / "escape", 70000, 0)
+    with pytest.raises(images.Unavailable, match="outside 0..65535"):
+        images.shift_ids(root, config.ID_BASE)
+
+
+# ---------------------------------------------------------------------------------- real builds
+def _user_spec(tmp_path: Path, name: str, commands: list[str] | None = None) -> Path:
+    src = _hello(tmp_path)
+    return _write_spec(tmp_path, {
+        "name": name, "base": "default", "packages": ["tree"],
+        "files": [{"src": str(src), "dest": "/etc/drums-test/hello.txt", "mode": "0640"}],
+        "commands": commands if commands is not None else ["echo from-a-command >/etc/drums-test/cmd.txt"]})
+
+
+def _assert_ids_in_range(rootfs: Path) -> None:
+    low, high = config.ID_BASE, config.ID_BASE + config.ID_COUNT
+    bad = [p for p, st in images._walk(rootfs) if not (low <= st.st_uid < high and low <= st.st_gid < high)]
+    assert not bad, f"{len(bad)} files outside the session's id range, e.g. {bad[:5]}"
+
+
+@pytest.mark.timeout(1800)
+def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
+                                                 default_image: images.Manifest) -> None:
+    spec = images.load_spec(_user_spec(tmp_path, image_name))
+    lines: list[str] = []
+    m = images.build(spec, progress=lines.append)
+    assert any("shifting ids" in line for line in lines) and "done in" in lines[-1]
+
+    # The manifest.
+    assert m.name == image_name and m.base == "default" and m.id_base == config.ID_BASE
+    assert m.spec == spec.to_json() and m.spec_hash == images.spec_hash(spec)
+    assert "tree" in m.packages and "sudo" in m.packages and "libreoffice-calc" in m.packages
+    assert m.content_hash == images.content_hash(m.spec_hash, m.packages)
+    assert m.size_bytes > default_image.size_bytes // 2 and m.files_count > 10000
+    assert "PyAutoGUI" in m.guest_pip
+    assert images.get(image_name) == m
+    assert image_name in [i.name for i in images.list_images()]
+    assert images.check_usable(image_name) == m
+
+    # Ownership shifted onto the session's id range; setuid survived the chown.
+    root = images.rootfs_path(image_name)
+    assert root == config.IMAGE_STORE / image_name / "rootfs"
+    assert os.stat(root / "etc/passwd").st_uid == config.ID_BASE
+    home = os.stat(root / "home/user")
+    assert (home.st_uid, home.st_gid) == (config.ID_BASE + 1000, config.ID_BASE + 1000)
+    sudo = os.stat(root / "usr/bin/sudo")
+    assert sudo.st_uid == config.ID_BASE and sudo.st_mode & stat.S_ISUID
+    hello = root / "etc/drums-test/hello.txt"
+    assert hello.read_text() == "hello from the host\n"
+    assert stat.S_IMODE(os.stat(hello).st_mode) == 0o640 and os.stat(hello).st_uid == config.ID_BASE
+    assert (root / "etc/drums-test/cmd.txt").read_text() == "from-a-command\n"
+    assert (root / "usr/bin/tree").is_file()
+    _assert_ids_in_range(root)
+    assert not images._stale_builds(image_name)
+
+    # Unchanged spec: a no-op through the CLI, which says so in JSON.
+    inode = os.stat(root).st_ino
+    t0 = time.monotonic()
+    res = _images_cli("--json", "image", "build", image_name, "--spec", str(tmp_path / "spec.json"))
+    noop_seconds = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["built"] is False and doc["image"]["built_at"] == m.built_at and "unchanged" in res.stderr
+    assert os.stat(root).st_ino == inode
+    assert noop_seconds < 5, f"a no-op rebuild took {noop_seconds:.1f}s"  # a real one takes minutes
+
+    # An image built for another id base is refused.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(config, "ID_BASE", config.ID_BASE + 65536)
+        with pytest.raises(FailedPrecondition, match="id base"):
+            images.check_usable(image_name)
+
+    # rm refuses while an overlay uses the image, then removes it.
+    mnt = tmp_path / f"drums-image-test-{image_name}"
+    for d in ("upper", "work", "merged"):
+        (mnt / d).mkdir(parents=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={root},upperdir={mnt}/upper,workdir={mnt}/work", str(mnt / "merged")], check=True)
+    try:
+        with pytest.raises(FailedPrecondition, match="mounted by") as info:
+            images.remove(image_name)
+        assert info.value.reason == "IMAGE_IN_USE"
+        assert images.get(image_name) == m
+    finally:
+        subprocess.run(["umount", str(mnt / "merged")], check=True)
+    res = _images_cli("image", "rm", image_name)
+    assert res.returncode == 0, res.stderr
+    assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
+    with pytest.raises(NotFound):
+        images.get(image_name)
+
+
+def _leftovers(build_dirs: list[Path]) -> list[str]:
+    """Processes whose root, cwd or command line is inside a build dir, and mounts under one."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            where = [os.readlink(f"/proc/{pid}/root"), os.readlink(f"/proc/{pid}/cwd"),
+                     Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+        except OSError:
+            continue
+        if any(str(d) in w for d in build_dirs for w in where):
+            found.append(f"pid {pid}: {where}")
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    found += [line for line in mountinfo.splitlines() if any(str(d) in line for d in build_dirs)]
+    return found
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("kill_at", ["copying image", "command 1/1"])
+def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
+        tmp_path: Path, image_name: str, default_image: images.Manifest, kill_at: str) -> None:
+    spec_file = _user_spec(tmp_path, image_name, commands=["sleep 600"])
+    proc = subprocess.Popen([sys.executable, "-m", "drums_core.images", "build", "--spec", str(spec_file)],
+                            cwd=CHECKOUT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        seen = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            if kill_at in line:
+                break
+        else:
+            pytest.fail(f"the build ended before {kill_at!r}: {''.join(seen)}")
+        time.sleep(3)  # mid-way: cp copying, or the chroot's sleep running with its mounts
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    build_dirs = images._stale_builds(image_name)
+    assert build_dirs, "the interrupted build left no .build-* directory (was it killed mid-way?)"
+    assert not (config.IMAGE_STORE / image_name).exists()
+    with pytest.raises(NotFound):
+        images.get(image_name)
+    deadline = time.monotonic() + 10
+    while _leftovers(build_dirs) and time.monotonic() < deadline:  # SIGKILL delivery is asynchronous
+        time.sleep(0.2)
+    assert not _leftovers(build_dirs)
+
+    spec = images.load_spec(_user_spec(tmp_path, image_name, commands=["true"]))
+    m = images.build(spec)
+    assert images.get(image_name) == m and (images.rootfs_path(image_name) / "usr/bin/tree").is_file()
+    assert not any(d.exists() for d in build_dirs)
+
+
+def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name: str) -> None:
+    _require_root()
+    spec = images.ImageSpec(name=image_name, base="no-such-base")
+    with pytest.raises(NotFound, match="drums image build no-such-base --spec FILE"):
+        images.build(spec)
+    assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
+    assert not (config.IMAGE_STORE / ".locks" / image_name).exists()  # nothing was created
