@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from . import procs
+from . import cgroups, procs
 from .config import Instance, display_number, host_ifname, nft_table_name
 
 X11_DIR = "/tmp/.X11-unix"
@@ -65,6 +65,7 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
          "links":    [name...],            dvh* links of the host namespace
          "nft_tables": [{family, name}],   tables whose name starts with "drums"
          "x11_links": [{path, target}],    symlinks in /tmp/.X11-unix
+         "cgroups":  {run: [path...]},     Drums cgroups (``<hierarchy>/drums/<run>/...``) of every run
          "errors":   [str...]}             what could not be read
     """
     dirs = _norm_dirs(run_dirs)
@@ -139,7 +140,16 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
         errors.append(f"x11: {exc}")
 
     return {"tagged": tagged, "criu": criu, "ns_holders": holders, "mounts": mounts, "criu_mounts": criu_mounts,
-            "links": links, "nft_tables": _nft_drums_tables(errors), "x11_links": x11, "errors": errors}
+            "links": links, "nft_tables": _nft_drums_tables(errors), "x11_links": x11,
+            "cgroups": _cgroups(host_mounts, errors), "errors": errors}
+
+
+def _cgroups(mounts: list[procs.MountInfo], errors: list[str]) -> dict[str, list[str]]:
+    try:
+        return cgroups.list_run_groups(mounts)
+    except OSError as exc:
+        errors.append(f"cgroups: {exc}")
+        return {}
 
 
 def run_leaks(state: dict, run: str, *, links: Iterable[str] = (), nft_tables: Iterable[str] = (),
@@ -157,6 +167,7 @@ def run_leaks(state: dict, run: str, *, links: Iterable[str] = (), nft_tables: I
     out += [f"nft table {n}" for n in set(nft_tables) & names]
     paths = {x["path"] for x in state["x11_links"]}
     out += [f"x11 link {p}" for p in set(map(str, x11_links)) & paths]
+    out += [f"cgroup {p}" for p in state.get("cgroups", {}).get(run, [])]
     return out
 
 
@@ -186,8 +197,9 @@ def ledger_claims(ledger_root: str | Path, run: str) -> dict:
 def instance_leaks(instance: Instance) -> dict[str, list]:
     """Everything on this host that belongs to ``instance``, by kind; every list is empty when it
     left nothing. Its runs are named ``<instance>-<12 hex>`` (processes are tagged ``drums:<run>``,
-    nftables tables are ``drums_<run>`` with ``-`` as ``_``, cut at 60 characters); its links and X11
-    links are those of its slot range; its mounts are at or under its state directory.
+    nftables tables are ``drums_<run>`` with ``-`` as ``_``, cut at 60 characters, cgroups are
+    ``<hierarchy>/drums/<run>/...``); its links and X11 links are those of its slot range; its
+    mounts are at or under its state directory.
     """
     run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
     table_prefix = nft_table_name(instance.name + "-")        # every table of its runs starts so
@@ -203,10 +215,12 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
                  for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[len("drums:"):])]
     errors: list[str] = []
     try:
-        mounts = [m.mountpoint for m in procs.mounts_within(procs.read_mountinfo(), [state_dir])]
+        table = procs.read_mountinfo()
     except (OSError, ValueError) as exc:
         errors.append(f"mountinfo: {exc}")
-        mounts = []
+        table = []
+    mounts = [m.mountpoint for m in procs.mounts_within(table, [state_dir])]
+    groups = sorted(p for run, paths in _cgroups(table, errors).items() if run_re.fullmatch(run) for p in paths)
     own_links = {host_ifname(s) for s in slots}
     links = sorted(n for n in os.listdir("/sys/class/net") if n in own_links)
     tables = [t["name"] for t in _nft_drums_tables(errors) if own_table(t["name"])]
@@ -216,4 +230,4 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
     except FileNotFoundError:
         x11 = []
     return {"processes": processes, "mounts": mounts, "links": links, "nft": tables, "x11links": x11,
-            "probe_errors": errors}
+            "cgroups": groups, "probe_errors": errors}

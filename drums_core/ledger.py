@@ -33,6 +33,9 @@ x11link     symlink path (or ``path``), ``target``?             unlink if still 
 dir         directory (or ``path``)                             unmount under it, then retire it
 op          operation id; free data                             forgotten once the run is clean
 snapshot    snapshot id; ``dir``                                retired unless committed
+cgroup      ``drums/<run>/<session>`` (run = this run);         SIGKILL its members (frozen),
+            ``paths`` (every controller dir, absolute),         rmdir each dir, then an empty
+            ``driver`` (``v1``/``v2``), ``session``             ``drums/<run>``
 ==========  ==================================================  =================================
 """
 from __future__ import annotations
@@ -180,7 +183,7 @@ class Ledger:
     entry, ``OSError`` when the filesystem refuses a write (the entry is then unchanged).
     """
 
-    KINDS = ("session", "process", "mount", "link", "nft", "x11link", "dir", "op", "snapshot")
+    KINDS = ("session", "process", "mount", "link", "nft", "x11link", "dir", "op", "snapshot", "cgroup")
 
     def __init__(self, root: Path | str, run: str) -> None:
         self.root = Path(root)

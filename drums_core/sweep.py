@@ -10,9 +10,11 @@ from the system so the sweep is safe to SIGKILL at any point and to rerun:
    (or task CRIU forked, which has no tag yet) whose argv, cwd, root or open files name one of the
    run's recorded directories or mounts (whole path components), (d) every process in a foreign
    mount namespace that holds a mount of its own under those paths, and every descendant of
-   these. Targets are stopped first, their descendants re-collected, then killed, so no child
-   escapes by being reparented. Processes of live runs (their tag, their recorded pids, their
-   owners, and everything below them), this process and its ancestors are never touched.
+   these, (e) every member of the run's recorded cgroups (``cgroup`` entries; only directories
+   ``<cgroup mount>/drums/<run>/<session>``). Targets are stopped first, their descendants
+   re-collected, then killed, so no child escapes by being reparented. Processes of live runs
+   (their tag, their recorded pids, their owners, and everything below them), this process and
+   its ancestors are never touched.
    For (d), a mount in the foreign namespace that is only a copy of a host mount (same dev, root
    and mount point as a mount of the host table, or one the sweep unmounted before, or one recorded
    as ``mount_key`` on a mount/session entry) does not make it a holder; the namespace's own root
@@ -20,21 +22,30 @@ from the system so the sweep is safe to SIGKILL at any point and to rerun:
    Discovery repeats until a pass finds nothing new (at most five passes); what is still alive
    ~5 s after SIGKILL is a *survivor* (a zombie counts as dead).
 2. mounts at or under every recorded mount and directory, deepest first, ``MNT_DETACH``.
-3. recorded ``dvh*`` links. 4. recorded ``drums*`` nftables tables. 5. recorded X11 symlinks.
-6. recorded directories, in two phases: rename to ``<parent>/.rm-<name>-<16 hex>`` (the new name
+3. recorded cgroups: each group is frozen, whatever is still in it (and in groups nested under it)
+   is SIGKILLed by pidfd, it is thawed, and this repeats until a pass finds it empty (at most
+   ``--kill-timeout``); then every directory is removed (nested ones first, EBUSY retried), and
+   ``drums/<run>`` when empty. A path that is not directly under a mounted cgroup hierarchy (or
+   goes through a symlink) is never read nor removed: it is reported and its entry kept; a group
+   holding a protected process is not emptied and kept.
+4. recorded ``dvh*`` links. 5. recorded ``drums*`` nftables tables. 6. recorded X11 symlinks.
+7. recorded directories, in two phases: rename to ``<parent>/.rm-<name>-<16 hex>`` (the new name
    written to the entry first), then delete; leftovers are finished by the next pass. A directory
    with a mount under it is never deleted.
-7. each entry is forgotten once everything it holds is confirmed gone. Entries of survivors stay
+8. each entry is forgotten once everything it holds is confirmed gone. Entries of survivors stay
    (a survivor found without an entry gets one), so a ledger holding only survivors is kept and
    reported; an empty ledger is removed.
 
 Fail closed: a run whose ledger (owner or any entry) or whose host mount table cannot be read,
-or whose entries name a path no ledger may own (``/``, ``/tmp``, ``..``), is reported and nothing
-of it is touched. A path that holds the ledger root or something a live run has recorded, and a
-link, table or X11 link a live run has recorded, is left alone and its entry forgotten (noted).
+or whose entries name a path no ledger may own (``/``, ``/tmp``, ``..``), or a cgroup not named
+``drums/<this run>/<session>`` with paths ending so, is reported and nothing of it is touched.
+A path that holds the ledger root or something a live run has recorded, and a link, table, X11
+link or cgroup a live run has recorded, is left alone and its entry forgotten (noted).
 
-``DRUMS_FAULT_AT=sweep-after-kill|sweep-after-unmount|sweep-after-links`` SIGKILLs the sweeping
-process at that point (for the fault-window tests).
+``DRUMS_FAULT_AT=<window>`` SIGKILLs the sweeping process at that point (for the fault-window
+tests): ``sweep-after-kill``, ``sweep-after-unmount``, ``sweep-before-cgroup-remove`` (groups
+emptied, not removed), ``sweep-after-cgroup-remove`` (removed, entries not forgotten),
+``sweep-after-links``.
 """
 from __future__ import annotations
 
@@ -55,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import procs
+from . import cgroups, procs
 from .errors import Busy, DrumsError, InvalidArgument
 from .ledger import Entry, Ledger, LedgerCorrupt, check_run
 
@@ -63,14 +74,15 @@ log = logging.getLogger("drums.sweep")
 
 MAX_PASSES = 5
 KILL_TIMEOUT = 5.0
-FAULT_WINDOWS = ("sweep-after-kill", "sweep-after-unmount", "sweep-after-links")
+FAULT_WINDOWS = ("sweep-after-kill", "sweep-after-unmount", "sweep-before-cgroup-remove",
+                 "sweep-after-cgroup-remove", "sweep-after-links")
 NFT_FAMILIES = frozenset({"ip", "ip6", "inet", "arp", "bridge", "netdev"})
 _NFT_NAME_RE = re.compile(r"^drums[A-Za-z0-9_.-]{0,250}$")
 _IFNAME_RE = re.compile(r"^dvh[A-Za-z0-9_.-]{0,12}$")
 RETIRE_KEY = "sweep_retiring"
 HOST_MOUNTS_KEY = "sweep/host-mounts"
-COUNTS = ("processes_killed", "mounts_unmounted", "links_deleted", "nft_deleted", "x11links_removed",
-          "dirs_removed", "entries_forgotten")
+COUNTS = ("processes_killed", "mounts_unmounted", "cgroups_removed", "links_deleted", "nft_deleted",
+          "x11links_removed", "dirs_removed", "entries_forgotten")
 
 
 def _collect_into(errs: list[str]):
@@ -102,6 +114,7 @@ class RunReport:
     owner: str = ""
     processes_killed: int = 0
     mounts_unmounted: int = 0
+    cgroups_removed: int = 0
     links_deleted: int = 0
     nft_deleted: int = 0
     x11links_removed: int = 0
@@ -117,7 +130,8 @@ class RunReport:
 
     def summary(self) -> str:
         line = (f"sweep run={self.run} status={self.status} owner={self.owner or '-'} "
-                f"killed={self.processes_killed} unmounted={self.mounts_unmounted} links={self.links_deleted} "
+                f"killed={self.processes_killed} unmounted={self.mounts_unmounted} cgroups={self.cgroups_removed} "
+                f"links={self.links_deleted} "
                 f"nft={self.nft_deleted} x11={self.x11links_removed} dirs={self.dirs_removed} "
                 f"forgotten={self.entries_forgotten} survivors={len(self.survivors)} errors={len(self.errors)} "
                 f"passes={self.passes} {self.seconds:.2f}s")
@@ -145,6 +159,10 @@ class SweepReport:
     @property
     def mounts_unmounted(self) -> int:
         return self._sum("mounts_unmounted")
+
+    @property
+    def cgroups_removed(self) -> int:
+        return self._sum("cgroups_removed")
 
     @property
     def links_deleted(self) -> int:
@@ -203,7 +221,8 @@ class SweepReport:
 @dataclass(frozen=True)
 class Part:
     """One resource held by an entry: ``proc`` (pid, starttime), ``mount`` (path,), ``dir`` (path,),
-    ``link`` (ifname, ifindex|None), ``nft`` (family, name), ``x11`` (path, target|None)."""
+    ``link`` (ifname, ifindex|None), ``nft`` (family, name), ``x11`` (path, target|None),
+    ``cgroup`` (controller directory,)."""
 
     kind: str
     value: tuple
@@ -225,6 +244,25 @@ def _link_part(ifname: Any, ifindex: Any) -> Part:
     if not isinstance(ifname, str) or not _IFNAME_RE.match(ifname):
         raise ValueError(f"link name {ifname!r} is not a dvh* interface name")
     return Part("link", (ifname, _int_or_none(ifindex)))
+
+
+def _cgroup_parts(key: str, data: dict) -> list[Part]:
+    try:
+        cgroups.parse_group_name(key)
+    except InvalidArgument as exc:
+        raise ValueError(f"cgroup entry {key!r}: {exc.message}") from None
+    if data.get("driver") not in ("v1", "v2"):
+        raise ValueError(f"cgroup entry {key!r}: driver {data.get('driver')!r} is not v1 or v2")
+    paths = data.get("paths")
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f"cgroup entry {key!r}: paths must be a non-empty list of directories")
+    out = []
+    for p in paths:
+        procs.check_owned_path(p)
+        if not p.endswith("/" + key):
+            raise ValueError(f"cgroup entry {key!r}: path {p!r} is not <hierarchy>/{key}")
+        out.append(Part("cgroup", (p,)))
+    return out
 
 
 def parts_of(entry: Entry) -> list[Part]:
@@ -265,6 +303,8 @@ def parts_of(entry: Entry) -> list[Part]:
     if entry.kind == "x11link":
         target = d.get("target")
         return [Part("x11", (_path_field(d, k, "path"), str(target) if target else None))]
+    if entry.kind == "cgroup":
+        return _cgroup_parts(k, d)
     if entry.kind == "snapshot":
         sdir = d.get("dir") or d.get("path")
         if not sdir:
@@ -294,7 +334,7 @@ def claims_of(entry: Entry) -> tuple[set[str], set[str], set[tuple[str, str]]]:
             if v.startswith("/"):
                 paths.add(procs.norm_path(v))
     for p in parts:
-        if p.kind in ("mount", "dir", "x11"):
+        if p.kind in ("mount", "dir", "x11", "cgroup"):
             paths.add(p.value[0])
         elif p.kind == "link":
             links.add(p.value[0])
@@ -485,6 +525,8 @@ class _RunSweep:
         self.superseded: set[Part] = set()
         self.derived_dirs: set[str] = set()
         self.owner_rec: dict | None = None
+        self.host_mounts: list[procs.MountInfo] = []
+        self.cgroups_kept: set[tuple[str, str]] = set()
 
     # -------------------------------------------------------------- driver
     def run_sweep(self) -> RunReport:
@@ -536,11 +578,14 @@ class _RunSweep:
                 self.parts[(e.kind, e.key)] = parts_of(e)
             except ValueError as exc:
                 return self._fail_closed(f"{e.kind} {e.key!r}: {exc}")
+            if e.kind == "cgroup" and e.key.split("/")[1] != self.run:
+                return self._fail_closed(f"cgroup {e.key!r} is not a group of run {self.run}")
             self.entries[(e.kind, e.key)] = e
         try:
             host_mounts = procs.read_mountinfo()
         except (OSError, ValueError) as exc:
             return self._fail_closed(f"cannot read /proc/self/mountinfo: {exc}")
+        self.host_mounts = host_mounts
         self._mark_superseded()
 
         self._processes(host_mounts)
@@ -548,6 +593,11 @@ class _RunSweep:
         self._forget_done()
         self._mounts()
         _fault("sweep-after-unmount")
+        self._forget_done()
+        self._cgroup_kill()
+        _fault("sweep-before-cgroup-remove")
+        self._cgroup_remove()
+        _fault("sweep-after-cgroup-remove")
         self._forget_done()
         self._links()
         _fault("sweep-after-links")
@@ -591,6 +641,10 @@ class _RunSweep:
                     self.superseded.add(p)
                     self._note(f"{path} holds {claim}, recorded by a live run: left alone")
                     break
+        for _, p in self._all_parts("cgroup"):
+            if p.value[0] in self.live.paths:
+                self.superseded.add(p)
+                self._note(f"cgroup {p.value[0]} is recorded by a live run: left alone")
         for _, p in self._all_parts("link"):
             if p.value[0] in self.live.links:
                 self.superseded.add(p)
@@ -665,6 +719,10 @@ class _RunSweep:
                 hit = next((n for n in names if procs.within_any(n, roots)), None)
                 if hit:
                     found[p.pid] = f"criu names {hit}"
+        for path in self._cgroup_dirs():
+            for pid in cgroups.members([path]):
+                if pid in table and not table[pid].zombie:
+                    found.setdefault(pid, f"in cgroup {path}")
         if roots:
             for ns, pids in self._holder_namespaces(table, roots, host_mounts).items():
                 for pid in pids:
@@ -834,7 +892,89 @@ class _RunSweep:
         for point, why in failed.items():
             self.report.errors.append(f"mount {point}: {why}")
 
-    # -------------------------------------------------------------- step 3-5: links, nft, x11
+    # -------------------------------------------------------------- step 3: cgroups
+    def _cgroup_groups(self) -> dict[tuple[str, str], list[str]]:
+        """Entry key -> its recorded controller directories (not superseded)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for ek, p in self._all_parts("cgroup"):
+            if p not in self.superseded:
+                out.setdefault(ek, []).append(p.value[0])
+        return out
+
+    def _cgroup_dirs(self) -> list[str]:
+        """Recorded cgroup directories that exist and are safe to read (see :func:`cgroups.check_group_dir`)."""
+        return [p for paths in self._cgroup_groups().values() for p in paths
+                if os.path.isdir(p) and cgroups.check_group_dir(p, self.host_mounts) is None]
+
+    def _cgroup_unsafe(self, ek: tuple[str, str], paths: list[str]) -> bool:
+        bad = [why for p in paths if os.path.lexists(p) and (why := cgroups.check_group_dir(p, self.host_mounts))]
+        for why in bad:
+            self.report.errors.append(f"cgroup {ek[1]}: {why}: kept")
+        return bool(bad)
+
+    def _spare(self, table: dict[int, procs.ProcInfo]) -> Callable[[int], bool]:
+        protected = self._protected(table)
+
+        def spare(pid: int) -> bool:
+            info = table.get(pid) or procs.read_proc(pid)
+            return pid in protected or (info is not None and info.ppid in protected)
+
+        return spare
+
+    def _cgroup_kill(self) -> None:
+        groups = self._cgroup_groups()
+        if not groups:
+            return
+        spare = self._spare(procs.scan_processes())
+        for ek, paths in groups.items():
+            if self._cgroup_unsafe(ek, paths):
+                self.cgroups_kept.add(ek)
+                continue
+            present = [p for p in paths if os.path.isdir(p)]
+            if not present:
+                continue
+            if self.dry_run:
+                for pid in sorted(cgroups.members(present)):
+                    self._note(f"would kill pid {pid} in cgroup {ek[1]}")
+                continue
+            res = cgroups.kill_members(present, self.kill_timeout, spare=spare)
+            self.report.processes_killed += res.killed
+            for pid in res.spared:
+                self.report.errors.append(f"cgroup {ek[1]} holds protected process {pid}: kept")
+            known = {s["pid"] for s in self.report.survivors}
+            for pid in res.left:
+                info = procs.read_proc(pid)
+                if pid not in known:
+                    self.report.survivors.append({"pid": pid, "starttime": info.starttime if info else None,
+                                                  "cmd": info.describe() if info else str(pid),
+                                                  "why": f"in cgroup {ek[1]}"})
+                log.warning("sweep run=%s survivor pid=%d in cgroup %s", self.run, pid, ek[1])
+            if res.spared or res.left:
+                self.cgroups_kept.add(ek)
+
+    def _cgroup_remove(self) -> None:
+        for ek, paths in self._cgroup_groups().items():
+            if ek in self.cgroups_kept:
+                continue
+            present = [p for p in paths if os.path.lexists(p)]
+            if self.dry_run:
+                self.report.cgroups_removed += len(present)
+                for p in present:
+                    self._note(f"would remove cgroup {p}")
+                continue
+            removed, failed = cgroups.remove_dirs(present)
+            self.report.cgroups_removed += len(removed)
+            for d, why in failed.items():
+                self.report.errors.append(f"cgroup {d}: {why}")
+            if failed:
+                continue
+            for p in paths:   # also when a killed sweep already removed the groups themselves
+                try:
+                    cgroups.remove_run_dir(p)
+                except OSError as exc:
+                    self.report.errors.append(f"cgroup {os.path.dirname(p)}: {exc}")
+
+    # -------------------------------------------------------------- step 4-6: links, nft, x11
     def _links(self) -> None:
         for p in self._active("link"):
             ifname, want = p.value
@@ -896,7 +1036,7 @@ class _RunSweep:
             except OSError as exc:
                 self.report.errors.append(f"x11 link {path}: {exc}")
 
-    # -------------------------------------------------------------- step 6: dirs
+    # -------------------------------------------------------------- step 7: dirs
     @staticmethod
     def _retire_prefix(path: str) -> tuple[str, re.Pattern[str]]:
         parent, name = os.path.split(path)
@@ -975,7 +1115,7 @@ class _RunSweep:
                 else:
                     self.report.dirs_removed += 1
 
-    # -------------------------------------------------------------- step 7: forget
+    # -------------------------------------------------------------- step 8: forget
     def _part_done(self, p: Part, mounts: list[procs.MountInfo] | None, tables: set | None) -> bool:
         if p in self.superseded:
             return True
@@ -985,6 +1125,8 @@ class _RunSweep:
             return mounts is not None and not procs.mounts_within(mounts, [p.value[0]])
         if p.kind == "dir":
             return not os.path.lexists(p.value[0]) and not self._leftovers(p.value[0], [])
+        if p.kind == "cgroup":
+            return not os.path.lexists(p.value[0])
         if p.kind == "link":
             idx = link_index(p.value[0])
             return idx is None or (p.value[1] is not None and idx != p.value[1])

@@ -1,6 +1,6 @@
 """``drums_core.hoststate.instance_leaks`` finds each kind of resource an instance can leave, and
-only that instance's: real tagged processes, a tmpfs mount, a link, nftables tables and an X11 link,
-next to decoys of a neighbouring instance whose name starts with this one's.
+only that instance's: real tagged processes, a tmpfs mount, a link, nftables tables, an X11 link and a
+cgroup, next to decoys of a neighbouring instance whose name starts with this one's.
 """
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import sys
 import uuid
 from pathlib import Path
 
+from drums_core import cgroups
 from drums_core.config import Instance, display_number, host_ifname, nft_table_name
 from drums_core.hoststate import X11_DIR, instance_leaks
 from drums_core.procs import run_tag
 
 from tests.conftest import SPARE_SLOTS, require_root
 
-EMPTY = {"processes": [], "mounts": [], "links": [], "nft": [], "x11links": [], "probe_errors": []}
+EMPTY = {"processes": [], "mounts": [], "links": [], "nft": [], "x11links": [], "cgroups": [], "probe_errors": []}
 
 
 def _run(*argv: str) -> None:
@@ -38,7 +39,11 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
     x11 = Path(X11_DIR) / f"X{display_number(inst.slot_base)}"
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "--tag"]
     procs = []
+    driver = cgroups.detect()
+    groups = [driver.plan(run, "s1"), driver.plan(other_run, "s1")]
     try:
+        for g in groups:
+            driver.create(g.run, g.session, cgroups.Limits(memory_max=64 << 20))
         procs = [subprocess.Popen(sleeper + [run_tag(run)]), subprocess.Popen(sleeper + [run_tag(other_run)])]
         inst.state_dir.mkdir(parents=True)
         _run("mount", "-t", "tmpfs", "-o", "size=1m", "hoststate-test", str(inst.state_dir))
@@ -55,17 +60,21 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
         assert leaks["links"] == [link]
         assert leaks["nft"] == [table]
         assert leaks["x11links"] == [x11.name]
+        assert leaks["cgroups"] == groups[0].paths
         assert leaks["probe_errors"] == []
 
         theirs = instance_leaks(neighbour)
         assert theirs["processes"] == [[procs[1].pid, run_tag(other_run)]]
         assert theirs["links"] == [other_link] and theirs["nft"] == [other_table]
         assert theirs["mounts"] == [] and theirs["x11links"] == []
+        assert theirs["cgroups"] == groups[1].paths
         assert instance_leaks(long)["nft"] == [long_table]   # a table name cut at 60 is still found
     finally:
         for p in procs:
             p.kill()
             p.wait()
+        for g in groups:
+            g.remove()
         if x11.is_symlink():
             x11.unlink()
         for name in (table, other_table, long_table):

@@ -14,7 +14,7 @@ For every window, on its own daemon instance (own state tmpfs, socket, slot rang
    tmpfs at ``sessions/<sid>0`` (a path no ledger recorded, a prefix collision of a recorded one)
    are made; the host is snapshotted and O1 is checked against the dead run's ledger;
 5. ``python -m drums_core.sweep --ledger <state>/ledger --json`` runs as a subprocess (for the
-   sweep windows it is first run with ``DRUMS_FAULT_AT=sweep-after-*`` and must die, then rerun);
+   sweep windows it is first run with ``DRUMS_FAULT_AT=sweep-*`` and must die, then rerun);
 6. P1..P6 are checked, a further sweep must be a no-op; not gating, ``X1`` lists directories of the
    run the sweep left (session dirs, snapshot staging dirs) and ``N1`` checks that a fresh daemon on
    the same instance still restores the snapshot (the host is not poisoned);
@@ -31,8 +31,9 @@ O1 before the sweep, every mount under the run's directories (the instance's ``s
 ``snapshots/.staging/``: each window has the instance to itself) is one its ledger recorded; P1 no
 process of the run and no ``criu`` of the run (by tag, recorded pid+start time, recorded paths,
 pid namespace of a recorded init, foreign mount namespace holding the run's mounts); P2 no mount
-under the run's directories or ``/tmp/.criu.*``; P3 no ``dvh*`` link, nft table or X11 link of the
-run; P4 the run's ledger is gone; P5 both decoys untouched; P6 a further sweep is a no-op.
+under the run's directories or ``/tmp/.criu.*``; P3 no ``dvh*`` link, nft table, X11 link or cgroup
+(``drums/<run>/...``) of the run; P4 the run's ledger is gone; P5 both decoys untouched; P6 a
+further sweep is a no-op.
 """
 from __future__ import annotations
 
@@ -123,6 +124,8 @@ WINDOWS: tuple[Window, ...] = (
     Window("destroy-after-unmount", "destroy"),
     Window("sweep-after-kill", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-after-unmount", "sweep", "xterm", daemon_window="restore-after-register"),
+    Window("sweep-before-cgroup-remove", "sweep", "xterm", daemon_window="restore-after-register"),
+    Window("sweep-after-cgroup-remove", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-after-links", "sweep", "xterm", daemon_window="restore-after-register"),
 )
 WINDOW_NAMES = tuple(w.name for w in WINDOWS)
@@ -409,8 +412,8 @@ def sweep_cli(ledger_root: Path, fault: str | None = None, timeout: float = 180)
     return res
 
 
-_COUNT_KEYS = ("processes_killed", "mounts_unmounted", "links_deleted", "nft_deleted", "x11links_removed",
-               "dirs_removed", "entries_forgotten", "ledgers_removed", "survivors", "errors")
+_COUNT_KEYS = ("processes_killed", "mounts_unmounted", "cgroups_removed", "links_deleted", "nft_deleted",
+               "x11links_removed", "dirs_removed", "entries_forgotten", "ledgers_removed", "survivors", "errors")
 
 
 def sweep_counts(report: dict | None) -> dict:
@@ -727,6 +730,7 @@ class WindowRun:
         xl = {x["path"] for x in after["x11_links"]}
         x11 = sorted(xl & ({str(X11_DIR / f"X{100 + s}") for s in slots} | set(claims["x11_links"])))
         p3 = [f"link {n}" for n in links] + [f"nft table {n}" for n in tables] + [f"x11 link {p}" for p in x11]
+        p3 += [f"cgroup {p}" for p in after["cgroups"].get(run, [])]
         self.criteria["P3"] = _criterion(not p3, p3)
         led = inst.ledger_root / run
         left = sorted(os.listdir(led)) if led.is_dir() else []

@@ -24,7 +24,7 @@ def node_leftovers(instance) -> dict:
     Processes by the run tag, or whose mount namespace's root is an overlay under the state
     directory (a restored sibling carries the tag of the run that made the checkpoint, possibly
     another instance's); mounts under the state directory (not the state tmpfs itself); links,
-    nftables tables and X11 links of its slots; the ledgers of its runs."""
+    nftables tables and X11 links of its slots; cgroups of its runs; the ledgers of its runs."""
     from drums_core.hoststate import instance_leaks
 
     from drums_core import procs
@@ -48,5 +48,6 @@ def node_leftovers(instance) -> dict:
             rooted.append((pid, p.describe()))
     runs = sorted(p.name for p in instance.ledger_root.iterdir()) if instance.ledger_root.exists() else []
     return {"processes": rep["processes"] + rooted, "mounts": [m for m in rep["mounts"] if m != state],
-            "links": rep["links"], "nft": rep["nft"], "x11links": rep["x11links"], "ledger_runs": runs,
+            "links": rep["links"], "nft": rep["nft"], "x11links": rep["x11links"], "cgroups": rep["cgroups"],
+            "ledger_runs": runs,
             "probe_errors": rep["probe_errors"]}
