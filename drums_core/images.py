@@ -99,7 +99,7 @@ HOME_DIRS = ("Desktop", "Documents", "Downloads", "Pictures", "Music", "Videos",
 SPEC_FIELDS = {"name", "base", "packages", "files", "commands"}
 FILE_FIELDS = {"src", "dest", "mode"}
 _PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?$")
-_BUILD_SUFFIX_RE = re.compile(r"^[a-z0-9_]{8}$")
+_BUILD_SUFFIX_RE = re.compile(r"^[0-9a-f]{8}$")  # secrets.token_hex(4)
 _CAP_XATTR = "security.capability"
 _CAP_V2, _CAP_V3 = 0x02000000, 0x03000000
 _TAIL = 30
@@ -416,9 +416,7 @@ def _remove_stale_builds(name: str, progress: Progress) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    # A rootfs may contain read-only directories for root too (chattr is not used by Debian), so
-    # plain rmtree is enough; it never follows symlinks.
-    shutil.rmtree(path, ignore_errors=False)
+    shutil.rmtree(path)  # never follows symlinks; root may delete in read-only directories
 
 
 def _new_build_dir(name: str) -> Path:
@@ -609,6 +607,9 @@ def _sh_quote(s: str) -> str:
 
 # ---------------------------------------------------------------------------------- build steps
 def _debootstrap(b: _Builder) -> None:
+    if shutil.which("mmdebstrap", path=_ENV["PATH"]) is None:
+        raise FailedPrecondition("mmdebstrap is not installed (apt-get install mmdebstrap, or run scripts/provision)",
+                                 reason="MMDEBSTRAP_MISSING")
     packages = sorted(set(b.spec.packages) | set(CUSTOMISE_PACKAGES))
     b.say(f"mmdebstrap {SUITE} (packages: {len(packages)}) ...")
     b.run(["mmdebstrap", "--mode=root", "--variant=apt", "--format=directory",
@@ -619,9 +620,9 @@ def _debootstrap(b: _Builder) -> None:
 
 
 def _copy_base(b: _Builder) -> None:
-    base = rootfs_path(b.spec.base)
     b.say(f"copying image {b.spec.base} ...")
-    with _locked(b.spec.base, shared=True, progress=b.progress):
+    with _locked(b.spec.base, shared=True, progress=b.progress):  # no rebuild or removal meanwhile
+        base = rootfs_path(b.spec.base)
         b.run(["cp", "-a", "--reflink=auto", str(base), str(b.rootfs)], f"copy of image {b.spec.base}")
     b.say("unshifting ids ...")
     shift_ids(b.rootfs, -config.ID_BASE)

@@ -207,6 +207,9 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
     assert m.content_hash == images.content_hash(m.spec_hash, m.packages)
     assert m.size_bytes > default_image.size_bytes // 2 and m.files_count > 10000
     assert "PyAutoGUI" in m.guest_pip
+    # File capabilities came through the copy, the unshift and the shift (v3, root id = ID_BASE).
+    assert [c["path"] for c in m.file_caps] == [c["path"] for c in default_image.file_caps]
+    assert all(c["restored"] for c in m.file_caps)
     assert images.get(image_name) == m
     assert image_name in [i.name for i in images.list_images()]
     assert images.check_usable(image_name) == m
