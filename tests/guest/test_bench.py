@@ -10,7 +10,7 @@ from guestlib import REPO
 
 def test_bench_prints_round_trips(guest):
     guest.post("/setup/launch", json={
-        "command": ["xterm", "-title", "bench text", "-geometry", "236x75+0+0", "-e",
+        "command": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "bench text", "-geometry", "236x75+0+0", "-e",
                     "bash", "-c", "ls -lR /usr/lib/python3* | head -2000; sleep 120"]})
     guest.wait_window("bench text")
     r = subprocess.run([sys.executable, "-m", "drums_osworld.guest.bench", "--url", guest.url,

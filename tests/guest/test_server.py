@@ -121,7 +121,7 @@ def test_display_unavailable_is_503_json(aux):
 
 
 def test_typing_into_xterm_changes_screen(guest):
-    r = guest.post("/setup/launch", json={"command": ["xterm", "-title", "typing test",
+    r = guest.post("/setup/launch", json={"command": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "typing test",
                                                       "-geometry", "80x24+50+50"]})
     assert r.status_code == 200 and r.text == "xterm -title typing test -geometry 80x24+50+50 launched successfully"
     guest.wait_window("typing test")
@@ -342,7 +342,7 @@ def test_wallpaper_endpoints_errors(guest):
 @pytest.fixture()
 def two_xterms(guest):
     for title, geo in (("alpha win", "60x10+0+0"), ("beta win", "60x10+700+400")):
-        assert guest.post("/setup/launch", json={"command": ["xterm", "-title", title,
+        assert guest.post("/setup/launch", json={"command": ["xterm", "-xrm", "*allowTitleOps: false", "-title", title,
                                                             "-geometry", geo]}).ok
         guest.wait_window(title)
     yield
