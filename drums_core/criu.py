@@ -119,9 +119,21 @@ def _watchdog(client, timeout: float, fired: list) -> threading.Timer:
     return timer
 
 
-def _call(kind: str, opts, work_dir: Path, timeout: float) -> CriuResult:
+def _in_cgroup_wrapper(work_dir: Path, cgroup_paths: list[str]) -> Path:
+    """A tiny ``criu`` that first joins the session's cgroup: the restored tree is born inside it
+    (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where ``criu swrk`` runs)."""
+    wrapper = work_dir / "criu-in-cgroup"
+    lines = ["#!/bin/sh", "set -e"]
+    lines += [f"echo $$ > '{p}/cgroup.procs'" for p in cgroup_paths]
+    lines.append(f'exec \'{CRIU_BIN}\' "$@"')
+    wrapper.write_text("\n".join(lines) + "\n")
+    wrapper.chmod(0o700)
+    return wrapper
+
+
+def _call(kind: str, opts, work_dir: Path, timeout: float, binary: Path = CRIU_BIN) -> CriuResult:
     client = pycriu.criu()
-    client.use_binary(str(CRIU_BIN))
+    client.use_binary(str(binary))
     client.opts.MergeFrom(opts)
     pipe = _LogPipe(work_dir)
     t0 = time.monotonic()
@@ -174,7 +186,7 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
 
 
 def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2,
-            timeout: float = 60.0) -> CriuResult:
+            timeout: float = 60.0, cgroup_paths: list[str] | None = None) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -190,7 +202,8 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             pair = opts.veths.add()
             pair.if_in = inner
             pair.if_out = outer
-        res = _call("restore", opts, work_dir, timeout)
+        binary = _in_cgroup_wrapper(work_dir, cgroup_paths) if cgroup_paths else CRIU_BIN
+        res = _call("restore", opts, work_dir, timeout, binary)
         if not res.pid:
             raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
         return res

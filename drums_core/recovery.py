@@ -67,8 +67,25 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
     if not link.is_symlink():
         X11_DIR.mkdir(mode=0o1777, exist_ok=True)
         link.symlink_to(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
+    _adopt_cgroup(sup, old, s)
     log.info("adopted session %s (pid %d) from run %s", sid, s.init_pid, old.run)
     return s
+
+
+def _adopt_cgroup(sup: Supervisor, old: Ledger, s: Session) -> None:
+    """A group is named for its run: the adopted session's processes move to a group of the new run
+    (recorded first), then the old group goes (its entry forgotten once it is gone)."""
+    from . import cgroups
+
+    sup._make_cgroup(s)
+    for entry in old.entries("cgroup"):
+        if entry.data.get("session") != s.id:
+            continue
+        old_cg = cgroups.SessionCgroup.from_record(entry.key, entry.data)
+        for pid in old_cg.pids():
+            s.cgroup.attach(pid)
+        old_cg.remove()
+        old.forget("cgroup", entry.key)
 
 
 def recover(sup: Supervisor) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from . import containment, criu, display, faults, netns, rootfs
+from . import cgroups, containment, criu, display, faults, netns, rootfs
 from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, IMAGE_STORE, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -64,6 +64,10 @@ class SessionSpec:
     tmp_size: str = "1g"
     shm_size: str = "512m"
     run_size: str = "256m"
+    limits: dict = field(default_factory=dict)  # cgroups.Limits fields: memory_max, memory_high, pids_max, cpu_weight
+
+    def cgroup_limits(self) -> cgroups.Limits:
+        return cgroups.Limits(**self.limits)
 
     def sizes(self) -> dict:
         return {"tmp": self.tmp_size, "shm": self.shm_size, "run": self.run_size}
@@ -85,6 +89,13 @@ class SessionSpec:
         for size in (spec.tmp_size, spec.shm_size, spec.run_size):
             if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
                 raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
+        if not isinstance(spec.limits, dict) or set(spec.limits) - set(cgroups.Limits.__dataclass_fields__):
+            raise InvalidArgument(f"bad limits {spec.limits!r}: use memory_max, memory_high, pids_max, cpu_weight",
+                                  reason="BAD_SPEC")
+        try:
+            spec.cgroup_limits()
+        except InvalidArgument as exc:
+            raise InvalidArgument(exc.message, reason="BAD_SPEC") from exc
         for prog in spec.programs:
             if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name"):
                 raise InvalidArgument(f"bad program entry {prog!r}", reason="BAD_SPEC")
@@ -114,10 +125,13 @@ class Session:
     broken: str | None = None
     liveness: str = "unchecked"
     timings: dict = field(default_factory=dict)
+    cgroup: cgroups.SessionCgroup | None = field(default=None, repr=False)
+    oom_kills: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def public(self) -> dict:
-        d = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "lock"}
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in ("lock", "cgroup")}
+        d["cgroup"] = self.cgroup.name if self.cgroup else None
         d["state"] = self.state.value
         d["spec"] = asdict(self.spec)
         d["layers"] = list(self.layers)
@@ -185,6 +199,8 @@ class Supervisor:
             d.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.create(instance.ledger_root, self.run)
         self.store = SnapshotStore(instance.snapshots_dir)
+        self.cgroups = cgroups.detect()
+        threading.Thread(target=self._watch_oom, name="oom-watch", daemon=True).start()
         self.nft_table = nft_table_name(self.run)
         self.ledger.record("nft", f"inet/{self.nft_table}", family="inet", name=self.nft_table)
         netns.create_nft_table(self.nft_table)
@@ -260,6 +276,41 @@ class Supervisor:
             (sdir / sub).mkdir(parents=True, exist_ok=True)
         return sdir / "upper", sdir / "work", sdir / "root"
 
+    def _make_cgroup(self, s: Session) -> None:
+        """The session's cgroup with its limits (recorded first): launch and restore start the session in it."""
+        cg = self.cgroups.plan(self.run, s.id)
+        self.ledger.record("cgroup", cg.name, **cg.ledger_data())
+        s.cgroup = self.cgroups.create(self.run, s.id, s.spec.cgroup_limits())
+
+    def _remove_cgroup(self, s: Session) -> int:
+        if s.cgroup is None:
+            return 0
+        killed = s.cgroup.kill_all()
+        s.cgroup.remove()
+        self.ledger.forget("cgroup", s.cgroup.name)
+        return killed
+
+    def _watch_oom(self) -> None:
+        """A session whose cgroup saw an OOM kill is killed whole and marked broken (reason ``OOM: ...``)."""
+        while True:
+            time.sleep(0.5)
+            for s in list(self.sessions.values()):
+                if s.cgroup is None or s.state not in (State.RUNNING, State.RESTORING, State.STARTING):
+                    continue
+                try:
+                    kills = s.cgroup.oom_kills()
+                except DrumsError:
+                    continue
+                if kills > s.oom_kills:
+                    s.oom_kills = kills
+                    limit = s.spec.cgroup_limits().memory_max
+                    self._mark_broken(s, f"OOM: the session went over its memory limit ({limit >> 20} MiB); "
+                                         f"the kernel killed a process and Drums stopped the session")
+                    try:
+                        s.cgroup.kill_all()
+                    except DrumsError:
+                        log.exception("could not stop session %s after its OOM", s.id)
+
     def _mount_root(self, s: Session, lowers: list) -> None:
         upper, work, root = Path(s.dir) / "upper", Path(s.dir) / "work", Path(s.root)
         self.ledger.record("mount", s.root, session=s.id)
@@ -319,6 +370,7 @@ class Supervisor:
             mark = _Marks(s.timings, t0)
             self._record_session(s)
             self._prepare_dirs(s)
+            self._make_cgroup(s)
             self._mount_root(s, lowers)
             rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE,
                                        json.dumps(self._init_spec(s)))
@@ -361,8 +413,9 @@ class Supervisor:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = here  # the launcher is the host's code (it runs as host root, before the pivot)
+        paths = s.cgroup.paths if s.cgroup else []
         out = subprocess.run([sys.executable, "-m", "drums_core.launch", str(launch_file)], capture_output=True,
-                             text=True, timeout=30, env=env, cwd="/")
+                             text=True, timeout=30, env=env, cwd="/", preexec_fn=lambda: cgroups.enter(paths))
         if out.returncode != 0:
             raise Unavailable(f"session launcher failed: {out.stderr.strip()[-2000:]}", reason="LAUNCH_FAILED")
         return int(out.stdout.strip().splitlines()[-1])
@@ -382,6 +435,7 @@ class Supervisor:
         if s.init_pid:
             wait_dead(s.init_pid, s.init_start, timeout=10)
         counts["processes"] += kill_tree_under(s.dir)
+        counts["processes"] += self._remove_cgroup(s)
         link = X11_DIR / f"X{s.display}"
         display.unregister_session(s.display)
         if self.ledger.get("x11link", str(link)):
@@ -637,12 +691,14 @@ class Supervisor:
             self._record_session(s)
             faults.hit("restore-before-overlay")
             self._prepare_dirs(s)
+            self._make_cgroup(s)
             self._mount_root(s, [*snap.layers, *lowers])
             faults.hit("restore-after-overlay")
             netns.wait_link_gone(s.ifname)
             faults.arm_criu_timer()
             try:
-                res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {})
+                res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {},
+                                   cgroup_paths=s.cgroup.paths if s.cgroup else None)
             finally:
                 faults.disarm_criu_timer()
             self.counters["restores"] += 1
@@ -805,9 +861,14 @@ class Supervisor:
             cwd = "/"
         cmd += ["--", *containment.setpriv_argv(), "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()],
                 *argv]
+        paths = s.cgroup.paths if s.cgroup else []
+
+        def enter() -> None:  # the session's limits and filter, before nsenter takes the namespaces
+            cgroups.enter(paths)
+            containment.enter_preexec()
+
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
-                                 preexec_fn=containment.enter_preexec)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, preexec_fn=enter)
         except subprocess.TimeoutExpired as exc:
             raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
         return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
