@@ -139,9 +139,16 @@ def nft_table_exists(family: str, name: str) -> bool:
 
 
 def create_nft_table(name: str) -> None:
-    """Host reaches sessions; sessions reach neither each other nor anything else."""
+    """Host root reaches sessions; sessions reach neither each other nor anything else.
+
+    Only sockets of host uid 0 (the daemon, its clients, root's tools) may send to a session's
+    link: the guest server's ``/execute`` is not a way in for the host's other users."""
     ruleset = f"""
 table inet {name} {{
+    chain output {{
+        type filter hook output priority -10; policy accept;
+        oifname "dvh*" meta skuid != 0 reject
+    }}
     chain forward {{
         type filter hook forward priority -10; policy accept;
         iifname "dvh*" drop
