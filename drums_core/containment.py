@@ -114,7 +114,9 @@ def setpriv_argv() -> list[str]:
 
 
 def enter_preexec() -> None:
-    """``preexec_fn`` for a process that will enter a session: load the seccomp filter first (it survives setns and exec)."""
+    """``preexec_fn`` for a process that will enter a session: load the seccomp filter first.
+
+    The filter survives setns and exec."""
     install_seccomp(seccomp_filter())
 
 

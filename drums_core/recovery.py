@@ -37,7 +37,7 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
                 ifname=data["ifname"], host_address="", address=data["address"], display=int(data["display"]),
                 hostname=data["hostname"], machine_id=data.get("machine_id", ""), created=0.0,
                 init_pid=int(data["init_pid"]), init_start=int(data["starttime"]), snapshot=data.get("snapshot"),
-                layers=list(data.get("layers") or []))
+                layers=list(data.get("layers") or []), image_hash=data.get("image_hash"))
     from .config import slot_addresses
 
     s.host_address = slot_addresses(s.slot)[0]

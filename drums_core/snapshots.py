@@ -65,6 +65,8 @@ class Snapshot:
     files: dict[str, int] = field(default_factory=dict)
     dump_seconds: float = 0.0
     state: str = "published"
+    image_hash: str | None = None  # content hash of the image the session ran on (None: made over the host's /)
+    id_base: int | None = None     # host id of the session's uid 0 (files in its layers are owned from there)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import requests
 
-from . import cgroups, containment, criu, display, faults, netns, rootfs
-from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, IMAGE_STORE, SESSION_PATH, SESSION_UID,
+from . import cgroups, containment, criu, display, faults, images, netns, rootfs
+from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
@@ -127,6 +127,7 @@ class Session:
     timings: dict = field(default_factory=dict)
     cgroup: cgroups.SessionCgroup | None = field(default=None, repr=False)
     oom_kills: int = 0
+    image_hash: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def public(self) -> dict:
@@ -218,17 +219,32 @@ class Supervisor:
         with self._lock:
             self._slots_in_use.discard(slot)
 
-    def image_lowers(self, image: str) -> list[Path]:
-        """The lowest layers of a session of ``image``: the Drums code layer over the image's root filesystem."""
+    def image_lowers(self, image: str) -> tuple[list[Path], str]:
+        """The lowest layers of a session of ``image`` (the Drums code layer over the image's root
+        filesystem) and the image's content hash. NotFound/FailedPrecondition say how to build it."""
         check_name(image, "image")
-        rootfs_dir = IMAGE_STORE / image / "rootfs"
-        if not rootfs_dir.is_dir():
-            raise NotFound(f"no desktop image {image!r} in {IMAGE_STORE}: build it with `drums image build {image}`",
-                           reason="IMAGE_NOT_FOUND")
+        manifest = images.check_usable(image)
         with self._lock:
             if self._code_layer is None:
                 self._code_layer = rootfs.build_code_layer(self.instance.images_dir, ID_BASE)
-        return [self._code_layer, rootfs_dir]
+        return [self._code_layer, images.rootfs_path(image)], manifest.content_hash
+
+    def check_snapshot_image(self, snap: Snapshot) -> None:
+        """A snapshot restores only over the image version (and id base) it was made on."""
+        if snap.image_hash is None:
+            raise FailedPrecondition(f"snapshot {snap.id} was made over the host's root filesystem, before Drums "
+                                     "built its own desktop images; it cannot be restored: re-create it",
+                                     reason="SNAPSHOT_PREDATES_IMAGES")
+        manifest = images.get(snap.image)
+        if manifest.content_hash != snap.image_hash:
+            raise FailedPrecondition(
+                f"snapshot {snap.id} was made on image {snap.image!r} {snap.image_hash[:12]}, but this host has "
+                f"{snap.image!r} {manifest.content_hash[:12]}: build that version here (`drums image build "
+                f"{snap.image}` with the spec it was made from) or re-create the snapshot", reason="IMAGE_MISMATCH",
+                detail={"image": snap.image, "want": snap.image_hash, "have": manifest.content_hash})
+        if snap.id_base != ID_BASE:
+            raise FailedPrecondition(f"snapshot {snap.id} was made with id base {snap.id_base}, this host uses "
+                                     f"{ID_BASE} (DRUMS_ID_BASE)", reason="ID_BASE_MISMATCH")
 
     def get(self, sid: str) -> Session:
         if not isinstance(sid, str):
@@ -257,7 +273,7 @@ class Supervisor:
         self.ledger.record("session", s.id, dir=s.dir, root=s.root, slot=s.slot, ifname=s.ifname,
                            init_pid=s.init_pid, starttime=s.init_start, state=s.state.value,
                            snapshot=s.snapshot, spec=asdict(s.spec), address=s.address, hostname=s.hostname,
-                           layers=s.layers, display=s.display, machine_id=s.machine_id)
+                           layers=s.layers, display=s.display, machine_id=s.machine_id, image_hash=s.image_hash)
 
     def _set_state(self, s: Session, state: State) -> None:
         s.state = state
@@ -360,9 +376,10 @@ class Supervisor:
     def create(self, spec: dict | SessionSpec | None = None) -> Session:
         """Boot a cold session. Unavailable on any failure, after a full rollback."""
         spec = spec if isinstance(spec, SessionSpec) else SessionSpec.from_dict(spec)
-        lowers = self.image_lowers(spec.image)
+        lowers, image_hash = self.image_lowers(spec.image)
         slot = self._alloc_slot()
         s = self._new_session(spec, slot)
+        s.image_hash = image_hash
         t0 = time.monotonic()
         with self._lock:
             self.sessions[s.id] = s
@@ -576,7 +593,7 @@ class Supervisor:
         snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
                         layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
                         params=params, processes=procs, windows=titles, spec=asdict(s.spec),
-                        dump_seconds=res.seconds)
+                        dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE)
         self.store.mark_dumped(snap, upper=str(Path(s.dir) / "upper"), root=s.root)
         faults.hit("checkpoint-after-dump")
         wait_dead(s.init_pid, s.init_start, timeout=10)
@@ -613,6 +630,7 @@ class Supervisor:
         if expect_window is not None and not isinstance(expect_window, str):
             raise InvalidArgument("expect_window must be a string", reason="BAD_WINDOW")
         snap = self.store.resolve(ref, scope)
+        self.check_snapshot_image(snap)
         results: list[Session | BaseException | None] = [None] * count
 
         def one(i: int) -> None:
@@ -664,7 +682,8 @@ class Supervisor:
                      expect_window: str | None = None, count_retry: bool = True,
                      min_nonblank: float = 0.0) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
-        lowers = self.image_lowers(spec.image)
+        self.check_snapshot_image(snap)
+        lowers, _ = self.image_lowers(spec.image)
         broken = self.store.broken_reason(snap.id)
         if broken:
             raise Internal(f"snapshot {snap.id} is broken: {broken}", reason="SNAPSHOT_BROKEN", detail=broken)
@@ -682,6 +701,7 @@ class Supervisor:
         if machine_id:
             s.machine_id = machine_id
         s.snapshot = snap.id
+        s.image_hash = snap.image_hash
         s.layers = list(snap.layers)
         s.state = State.RESTORING
         t0 = time.monotonic()
