@@ -90,7 +90,7 @@ DEFAULT_PACKAGES = (
     "python3", "python3-venv", "python3-xlib", "python3-pil", "python3-numpy", "python3-flask",
     "python3-requests", "python3-tk", "python3-pip", "xdotool", "wmctrl", "xclip", "x11-utils",
     "x11-xserver-utils", "iproute2", "procps", "psmisc", "xterm", "imagemagick", "ffmpeg", "xdg-utils",
-    "at-spi2-core", "ca-certificates", "libreoffice-writer", "libreoffice-calc", "libreoffice-impress",
+    "at-spi2-core", "mount", "ca-certificates", "libreoffice-writer", "libreoffice-calc", "libreoffice-impress",
 )
 # Debian package providing a module -> the module, checked in the guest venv after a build.
 _MODULE_OF = {"python3-flask": "flask", "python3-xlib": "Xlib", "python3-pil": "PIL",
