@@ -13,9 +13,11 @@ objects that do not survive a reboot.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +74,26 @@ class Snapshot:
         return asdict(self)
 
 
+def _freeze_upper(upper: Path, layer: Path) -> None:
+    """Make the session's upper the snapshot's layer: a rename when both share a filesystem, else a
+    copy that keeps overlay's whiteouts and xattrs (``cp -a``) into ``layer.tmp``, then a rename.
+    Re-entrant: a copy torn by a crash is started again."""
+    try:
+        os.rename(upper, layer)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+    tmp = layer.with_name(layer.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    out = subprocess.run(["cp", "-a", "--no-dereference", str(upper), str(tmp)], capture_output=True, text=True,
+                         check=False)
+    if out.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(errno.EIO, f"copying the writable layer failed: {out.stderr.strip()[-500:]}")
+    os.rename(tmp, layer)
+
+
 class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -117,7 +139,7 @@ class SnapshotStore:
             if root.exists() and rootfs.is_mountpoint(root):
                 rootfs.unmount_tree(root)
             faults.hit("checkpoint-mid-freeze")
-            os.rename(marker["upper"], staged / "layer")
+            _freeze_upper(Path(marker["upper"]), staged / "layer")
         for leftover in (staged / "criu.log",):
             if leftover.exists() or leftover.is_symlink():
                 leftover.unlink()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from . import cgroups, containment, criu, display, faults, images, netns, rootfs
+from . import cgroups, containment, criu, display, faults, images, linux, netns, rootfs
 from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -64,6 +64,7 @@ class SessionSpec:
     tmp_size: str = "1g"
     shm_size: str = "512m"
     run_size: str = "256m"
+    writable_size: str = "2g"
     limits: dict = field(default_factory=dict)  # cgroups.Limits fields: memory_max, memory_high, pids_max, cpu_weight
 
     def cgroup_limits(self) -> cgroups.Limits:
@@ -86,7 +87,7 @@ class SessionSpec:
             data["screen"] = (int(w), int(h))
         spec = cls(**data)
         check_name(spec.image, "image")
-        for size in (spec.tmp_size, spec.shm_size, spec.run_size):
+        for size in (spec.tmp_size, spec.shm_size, spec.run_size, spec.writable_size):
             if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
                 raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
         if not isinstance(spec.limits, dict) or set(spec.limits) - set(cgroups.Limits.__dataclass_fields__):
@@ -286,11 +287,19 @@ class Supervisor:
                 "programs": s.spec.programs, "session": s.id}
 
     def _prepare_dirs(self, s: Session) -> tuple[Path, Path, Path]:
+        """The session's directory; its writable layer (upper and work) on a tmpfs of its own, sized
+        ``writable_size``: a session that fills it gets ENOSPC, and the instance's store never fills from it."""
         sdir = Path(s.dir)
         self.ledger.record("dir", s.dir, session=s.id)
-        for sub in ("upper", "work", "root", "criu"):
+        for sub in ("rw", "root", "criu"):
             (sdir / sub).mkdir(parents=True, exist_ok=True)
-        return sdir / "upper", sdir / "work", sdir / "root"
+        rw = sdir / "rw"
+        self.ledger.record("mount", str(rw), session=s.id)
+        linux.mount("tmpfs", str(rw), "tmpfs", linux.MS_NOSUID, f"size={s.spec.writable_size},mode=700")
+        linux.mount("none", str(rw), None, linux.MS_PRIVATE)
+        for sub in ("upper", "work"):
+            (rw / sub).mkdir()
+        return rw / "upper", rw / "work", sdir / "root"
 
     def _make_cgroup(self, s: Session) -> None:
         """The session's cgroup with its limits (recorded first): launch and restore start the session in it."""
@@ -328,7 +337,7 @@ class Supervisor:
                         log.exception("could not stop session %s after its OOM", s.id)
 
     def _mount_root(self, s: Session, lowers: list) -> None:
-        upper, work, root = Path(s.dir) / "upper", Path(s.dir) / "work", Path(s.root)
+        upper, work, root = Path(s.dir) / "rw/upper", Path(s.dir) / "rw/work", Path(s.root)
         self.ledger.record("mount", s.root, session=s.id)
         rootfs.mount_overlay(lowers, upper, work, root)
         # a copy of this mount in a namespace cloned later is then known as a copy, not a holder
@@ -462,6 +471,7 @@ class Supervisor:
         if Path(s.dir).exists():
             counts["mounts"] += rootfs.unmount_tree(Path(s.dir))
         self.ledger.forget("mount", s.root)
+        self.ledger.forget("mount", str(Path(s.dir) / "rw"))
         if from_destroy:
             faults.hit("destroy-after-unmount")
         if self.ledger.get("link", s.ifname):
@@ -536,6 +546,17 @@ class Supervisor:
             with self._lock:
                 self._checkpoints.pop(snap_id, None)
 
+    def _check_store_room(self, s: Session) -> None:
+        """Refuse (Unavailable, nothing touched) a checkpoint whose images and layer could not fit in the
+        instance's store: its memory in use plus its writable layer's use, with 64 MiB to spare."""
+        rw = os.statvfs(Path(s.dir) / "rw")
+        need = (rw.f_blocks - rw.f_bfree) * rw.f_frsize + (s.cgroup.memory_current() if s.cgroup else 0) + (64 << 20)
+        st = os.statvfs(self.instance.state_dir)
+        free = st.f_bavail * st.f_frsize
+        if need > free:
+            raise Unavailable(f"the state store has {free >> 20} MiB free; a checkpoint of {s.id} may need "
+                              f"{need >> 20} MiB", reason="STORE_FULL", detail={"free": free, "need": need})
+
     def _existing_checkpoint(self, snap_id: str, params: dict) -> Snapshot | None:
         try:
             snap = self.store.get(snap_id, committed_only=False)
@@ -554,6 +575,7 @@ class Supervisor:
                            leave_running: bool) -> Snapshot:
         """stage (dump, move images, freeze the upper) -> publish (rename) -> commit (record)."""
         t0 = time.monotonic()
+        self._check_store_room(s)
         self._set_state(s, State.CHECKPOINTING)
         staging = self.store.staging(snap_id)
         self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, staging=str(staging))
@@ -594,7 +616,7 @@ class Supervisor:
                         layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
                         params=params, processes=procs, windows=titles, spec=asdict(s.spec),
                         dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE)
-        self.store.mark_dumped(snap, upper=str(Path(s.dir) / "upper"), root=s.root)
+        self.store.mark_dumped(snap, upper=str(Path(s.dir) / "rw/upper"), root=s.root)
         faults.hit("checkpoint-after-dump")
         wait_dead(s.init_pid, s.init_start, timeout=10)
         snap = self.store.finish(snap_id)
