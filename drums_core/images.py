@@ -12,6 +12,9 @@ Store layout (``config.IMAGE_STORE``, a disk filesystem, never a tmpfs)::
     <store>/<name>/build.log        what the build's tools printed
     <store>/.locks/<name>           flock: one build or removal of <name> at a time (a derived
                                     build holds its base's lock shared while it copies it)
+    <store>/.locks/<name>@use       flock: shared by :func:`mounting` while a session mounts the
+                                    image, exclusive while a rebuild or removal checks for mounts
+                                    and swaps the image out (no name contains '@')
     <store>/.build-<name>-<rand8>/  a build (or a removal) in progress
 
 A build happens in ``.build-<name>-<rand8>`` and is swapped onto ``<name>`` with one
@@ -382,21 +385,46 @@ def up_to_date(spec: ImageSpec) -> Manifest | None:
 
 # ----------------------------------------------------------------------------------------- locking
 @contextmanager
-def _locked(name: str, *, shared: bool = False, progress: Progress | None = None) -> Iterator[None]:
+def _locked(name: str, *, shared: bool = False, progress: Progress | None = None,
+            suffix: str = "") -> Iterator[None]:
+    """flock ``<store>/.locks/<name><suffix>`` (suffix ``@use``: the mount/replace lock; no name has '@')."""
     lock_dir = store() / ".locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_dir / config.check_name(name, "image name"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    path = lock_dir / (config.check_name(name, "image name") + suffix)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             if progress:
-                progress(f"[image] {name}: waiting for another build or removal of {name}")
+                holder = "a session mounting" if suffix else "another build or removal of"
+                progress(f"[image] {name}: waiting for {holder} {name}")
             fcntl.flock(fd, mode)
         yield
     finally:
         os.close(fd)
+
+
+@contextmanager
+def mounting(name: str) -> Iterator[Path]:
+    """Hold while mounting an overlay over an image: yields its rootfs (checked usable).
+
+    A rebuild or removal swaps the image out only under the exclusive side of this lock, after it
+    has looked for mounts that use the image; so a mount made inside this block is either seen
+    (and the rebuild or removal refuses) or made on the new image, never on a tree being deleted.
+    """
+    with _locked(name, shared=True, suffix="@use"):
+        check_usable(name)
+        yield _image_dir(name) / "rootfs"
+
+
+@contextmanager
+def _replacing(name: str, action: str) -> Iterator[None]:
+    """No session mounts the image meanwhile, and none uses it now (FailedPrecondition)."""
+    with _locked(name, suffix="@use"):
+        _refuse_if_used(name, action)
+        yield
 
 
 def _stale_builds(name: str) -> list[Path]:
@@ -517,10 +545,10 @@ def remove(name: str, progress: Progress | None = None) -> None:
     get(name)  # before the lock: no lock file for a name that was never built
     with _locked(name, progress=say):
         get(name)
-        _refuse_if_used(name, "remove")
         trash = _new_build_dir(name)
         os.rmdir(trash)
-        os.rename(_image_dir(name), trash)  # invisible at once; a crash leaves only a .build-* dir
+        with _replacing(name, "remove"):
+            os.rename(_image_dir(name), trash)  # invisible at once; a crash leaves only a .build-* dir
         _rmtree(trash)
         _remove_stale_builds(name, say)
     say(f"[image] {name}: removed")
@@ -877,11 +905,12 @@ def _commit(b: _Builder, m: Manifest) -> None:
     os.rename(tmp, b.dir / "manifest.json")
     _syncfs(b.dir)  # the rootfs's data reaches the disk before the image becomes visible
     target = _image_dir(b.spec.name)
-    if target.exists():
-        _exchange(b.dir, target)  # b.dir now holds the old image
-        _rmtree(b.dir)
-    else:
-        os.rename(b.dir, target)
+    with _replacing(b.spec.name, "replace"):  # a session may have started on it during the build
+        if target.exists():
+            _exchange(b.dir, target)  # b.dir now holds the old image
+        else:
+            os.rename(b.dir, target)
+    shutil.rmtree(b.dir, ignore_errors=True)
 
 
 def build(spec: ImageSpec, progress: Progress | None = None, force: bool = False) -> Manifest:
