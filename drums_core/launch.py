@@ -103,9 +103,12 @@ def _child(spec: dict, report_w: int) -> None:
     to_child_r, to_child_w = os.pipe()   # init -> child: "u" = user namespace made
     to_init_r, to_init_w = os.pipe()     # child -> init: "m" = maps written
     ready_r, ready_w = os.pipe()         # init (session init after exec) -> child: "ok" or the error
+    # The init's pivot_root moves this process's root too (same mount namespace): hold the host's
+    # /proc before the fork, so the init's /proc/<pid> is found whenever the init gets that far.
+    host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY)
     pid = os.fork()
     if pid == 0:
-        for fd in (to_child_r, to_init_w, ready_r, report_w):
+        for fd in (to_child_r, to_init_w, ready_r, report_w, host_proc):
             os.close(fd)
         try:
             _init(spec, to_child_w, to_init_r, ready_w)
@@ -114,8 +117,7 @@ def _child(spec: dict, report_w: int) -> None:
         os._exit(1)
     for fd in (to_child_w, to_init_r, ready_w):
         os.close(fd)
-    # The init's pivot_root moves this process's root too (same mount namespace): hold /proc/<pid> now.
-    proc_dir = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY)
+    proc_dir = os.open(str(pid), os.O_PATH | os.O_DIRECTORY, dir_fd=host_proc)
     if os.read(to_child_r, 1) == b"u":
         _write_maps(proc_dir, spec["id_base"], spec["id_count"])
         os.write(to_init_w, b"m")

@@ -106,6 +106,8 @@ class Window:
 
 WINDOWS: tuple[Window, ...] = (
     Window("restore-before-overlay", "restore"),
+    Window("restore-after-writable-layer", "restore"),
+    Window("restore-after-cgroup", "restore"),
     Window("restore-after-overlay", "restore"),
     *(Window(f"criu+{ms}ms", "restore", "crowd") for ms in (30, 80, 150, 250)),
     *(Window(f"criu-top+{ms}ms", "restore", "crowd") for ms in (30, 80, 150, 250)),
@@ -121,6 +123,7 @@ WINDOWS: tuple[Window, ...] = (
     Window("checkpoint-published", "checkpoint"),
     Window("checkpoint-committed", "checkpoint"),
     Window("destroy-after-kill", "destroy"),
+    Window("destroy-before-cgroup-remove", "destroy"),
     Window("destroy-after-unmount", "destroy"),
     Window("sweep-after-kill", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-after-unmount", "sweep", "xterm", daemon_window="restore-after-register"),
