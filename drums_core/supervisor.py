@@ -461,6 +461,8 @@ class Supervisor:
         if s.init_pid:
             wait_dead(s.init_pid, s.init_start, timeout=10)
         counts["processes"] += kill_tree_under(s.dir)
+        if from_destroy:
+            faults.hit("destroy-before-cgroup-remove")
         counts["processes"] += self._remove_cgroup(s)
         link = X11_DIR / f"X{s.display}"
         display.unregister_session(s.display)
@@ -733,7 +735,9 @@ class Supervisor:
             self._record_session(s)
             faults.hit("restore-before-overlay")
             self._prepare_dirs(s)
+            faults.hit("restore-after-writable-layer")
             self._make_cgroup(s)
+            faults.hit("restore-after-cgroup")
             self._mount_root(s, [*snap.layers, *lowers])
             faults.hit("restore-after-overlay")
             netns.wait_link_gone(s.ifname)
