@@ -275,6 +275,32 @@ def check_ksm() -> Check:
     return Check("ksm", True, False, f"/sys/kernel/mm/ksm present (run={run})")
 
 
+def check_cgroups() -> Check:
+    """Which cgroup driver per-session limits use here (v1 hierarchies or cgroup2), or what is missing."""
+    from . import cgroups
+    from .errors import DrumsError
+
+    try:
+        driver = cgroups.detect()
+    except DrumsError as exc:
+        return Check("cgroups", False, True, exc.message,
+                     "mount the v1 memory, pids and cpu hierarchies, or a cgroup2 with those controllers")
+    kind = "v1" if isinstance(driver, cgroups.CgroupV1Driver) else "v2"
+    return Check("cgroups", True, True, f"cgroup {kind} ({', '.join(driver.roots())})")
+
+
+def check_seccomp() -> Check:
+    """libseccomp's Python binding, which loads every session's syscall filter."""
+    try:
+        from . import containment
+
+        containment.seccomp_filter()
+    except ImportError as exc:
+        return Check("seccomp", False, True, f"cannot import seccomp: {exc}",
+                     "apt-get install python3-seccomp, then rerun scripts/provision")
+    return Check("seccomp", True, True, f"filter of {len(containment.DENIED_SYSCALLS)} denied syscalls builds")
+
+
 def check_images() -> Check:
     """The desktop images in the store; warns when the default one is missing, stale or unusable."""
     from . import images
@@ -317,6 +343,8 @@ CHECKS: list[Callable[[], Check]] = [
     check_veth,
     check_state_dir,
     check_ksm,
+    check_cgroups,
+    check_seccomp,
     check_images,
 ]
 
