@@ -20,7 +20,8 @@ def drums(instance, *args: str, check: bool = True) -> subprocess.CompletedProce
 
 
 def test_cli_round_trip(client, drums_instance, tmp_path):
-    up = json.loads(drums(drums_instance, "--json", "up", "--program", "xterm -xrm '*allowTitleOps: false' -title clitest",
+    up = json.loads(drums(drums_instance, "--json", "up", "--program",
+                                 "xterm -xrm '*allowTitleOps: false' -title clitest",
                           "--expect-window", "clitest").stdout)
     sid = up["id"]
     assert up["address"].startswith("169.254.")

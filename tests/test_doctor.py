@@ -14,7 +14,8 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 EXPECTED = {
     "root", "kernel", "namespace-user", "namespace-pid", "namespace-net", "namespace-mount",
     "namespace-uts", "namespace-ipc", "overlayfs-redirect-dir", "criu-binary", "criu-version",
-    "criu-check", "pycriu", "xvfb", "window-manager", "nftables", "veth", "state-dir", "ksm", "cgroups", "seccomp", "images",
+    "criu-check", "pycriu", "xvfb", "window-manager", "nftables", "veth", "state-dir", "ksm",
+    "cgroups", "seccomp", "images",
 }
 
 

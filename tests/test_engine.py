@@ -211,7 +211,8 @@ def test_25_chained_cycles_return_mounts_and_links(client, drums_instance):
     from tests.conftest import host_leaks, instance_links
 
     base = host_leaks()
-    s = client.create({"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "chain"]}],
+    s = client.create({"programs": [{"name": "xterm",
+                                     "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "chain"]}],
                        "expect_window": "chain"})
     snap = client.checkpoint(s["id"])
     made = [snap["id"]]

@@ -18,7 +18,8 @@ from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
-XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "snapwin"]}], "expect_window": "snapwin"}
+XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "snapwin"]}],
+         "expect_window": "snapwin"}
 
 WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-staged", "checkpoint-published",
            "checkpoint-committed", None]

@@ -67,7 +67,8 @@ DEFAULT_RESULTS = REPO / "results" / "fault-windows.jsonl"
 SLOTS_PER_WINDOW = 4
 DEFAULT_SLOT_BASE = 9100  # far from the ranges other instances on a shared host use
 CLIENT_TIMEOUT = 180.0  # no operation here takes minutes; a hung daemon must not hang the suite
-XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "fwin"]}], "expect_window": "fwin"}
+XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "fwin"]}],
+         "expect_window": "fwin"}
 # For the timed windows CRIU's restore must last well beyond 250 ms on any host: 300 small tasks
 # (forked and restored one by one) plus 64 MiB of touched memory give ~1 s on a loaded 2-CPU VM.
 CROWD_TASKS = 300

@@ -85,7 +85,8 @@ def test_pyautogui_action_changes_screen(osworld_venv, guest):
         from desktop_env.controllers.setup import SetupController
         sc = SetupController(vm_ip="127.0.0.1", server_port=PORT, cache_dir=os.getcwd())
         ok = sc.setup([
-            {"type": "launch", "parameters": {"command": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "compat typing",
+            {"type": "launch", "parameters": {"command": ["xterm", "-xrm", "*allowTitleOps: false",
+                                                           "-title", "compat typing",
                                                           "-geometry", "80x20+100+100"]}},
             {"type": "sleep", "parameters": {"seconds": 1.5}},
             {"type": "activate_window", "parameters": {"window_name": "compat typing"}},
@@ -124,7 +125,8 @@ def test_setup_controller_and_getters(osworld_venv, guest, tmp_path):
                                                           "path": "~/setup/uploaded.txt"}]}},
         {"type": "download", "parameters": {"files": [{"url": url,
                                                        "path": str(guest.home / "setup" / "cached.txt")}]}},
-        {"type": "launch", "parameters": {"command": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "compat setup win"]}},
+        {"type": "launch", "parameters": {"command": ["xterm", "-xrm", "*allowTitleOps: false",
+                                                      "-title", "compat setup win"]}},
         {"type": "sleep", "parameters": {"seconds": 1}},
         {"type": "activate_window", "parameters": {"window_name": "compat setup win",
                                                    "strict": True}},
