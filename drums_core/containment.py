@@ -11,7 +11,11 @@ The promise (README, "Containment"), in the manner of container runtimes' defaul
   leaves it none; there is no ``/sys`` (and with none to copy, the kernel refuses a new one).
   Masking with bind mounts of ``/dev/null`` is not used: CRIU cannot re-create such mounts from
   inside the restored user namespace (``Can't bind-mount at .../proc/keys: Permission denied``);
-* the capability bounding set lacks :data:`DROPPED_CAPS`;
+* the capability bounding set lacks :data:`DROPPED_CAPS`, ``CAP_SYS_ADMIN`` among them (as in
+  Docker's default set). A fresh session's hardening mounts are locked by the kernel, but CRIU
+  re-creates a restored session's mount tree from inside its user namespace (unlocked) and gives
+  it a pid namespace of its own user namespace; without ``CAP_SYS_ADMIN`` the session can neither
+  unmount, remount nor mount anything (no other ``/proc``, no ``/sys``, no tmpfs), fresh or restored;
 * a seccomp filter (:data:`DENIED_SYSCALLS`) fails those calls with ``EPERM``.
 
 Sizes of the session's tmpfs (``/tmp``, ``/dev/shm``, ``/run``) come from the launch spec.
@@ -28,6 +32,7 @@ READONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 
 # Capabilities removed from every session process's bounding set (numbers from linux/capability.h).
 DROPPED_CAPS = {
+    "CAP_SYS_ADMIN": 21,  # see the module docstring: what keeps the mounts as they are after a restore
     "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17, "CAP_SYS_PACCT": 20, "CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25,
     "CAP_SYS_TTY_CONFIG": 26, "CAP_AUDIT_CONTROL": 30, "CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33,
     "CAP_SYSLOG": 34, "CAP_WAKE_ALARM": 35, "CAP_BLOCK_SUSPEND": 36, "CAP_AUDIT_READ": 37, "CAP_PERFMON": 38,

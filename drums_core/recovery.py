@@ -56,17 +56,17 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
         netns.create_veth(s.ifname, s.init_pid)
         netns.configure_host_side(s.ifname, s.host_address)
         netns.configure_guest_side(s.init_pid, s.address, s.host_address)
-    link = X11_DIR / f"X{s.display}"
-    sup.ledger.record("x11link", str(link), session=sid)
+    rw = str(Path(s.dir) / "rw")
+    sup.ledger.record("mount", rw, session=sid)
+    link = X11_DIR / f"X{s.display}"  # runs before the daemon routed X itself made a host link: it goes
+    if old.get("x11link", str(link)) and link.is_symlink():
+        link.unlink()
     for kind, key in (("x11link", str(link)), ("link", s.ifname), ("process", sid), ("mount", s.root),
-                      ("dir", s.dir), ("session", sid)):
+                      ("mount", rw), ("dir", s.dir), ("session", sid)):
         old.forget(kind, key)
     from . import display
 
     display.register_session(s.display, s.init_pid)
-    if not link.is_symlink():
-        X11_DIR.mkdir(mode=0o1777, exist_ok=True)
-        link.symlink_to(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
     _adopt_cgroup(sup, old, s)
     log.info("adopted session %s (pid %d) from run %s", sid, s.init_pid, old.run)
     return s

@@ -344,13 +344,10 @@ class Supervisor:
         self.ledger.update("mount", s.root, mount_key=mount_key(s.root))
 
     def _x11_link(self, s: Session) -> None:
+        """Route the daemon's X connections to the session's socket (resolved safely, see
+        :mod:`drums_core.display`). No link on the host: one through ``/proc/<pid>/root`` would follow
+        a symlink the session planted at its socket's path, for any host client that used it."""
         display.register_session(s.display, s.init_pid)
-        X11_DIR.mkdir(mode=0o1777, exist_ok=True)
-        link = X11_DIR / f"X{s.display}"
-        self.ledger.record("x11link", str(link), session=s.id, target=f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0")
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        os.symlink(f"/proc/{s.init_pid}/root/tmp/.X11-unix/X0", link)
 
     def _wire_network(self, s: Session, create: bool) -> None:
         self.ledger.record("link", s.ifname, session=s.id)
@@ -891,13 +888,15 @@ class Supervisor:
         s = self._usable(sid)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
-        # nsenter becomes uid/gid 0 of the session's user namespace (an unprivileged host id)
+        # nsenter becomes uid/gid 0 of the session's user namespace (an unprivileged host id); setpriv
+        # then drops the bounding set (entering a user namespace fills it again) and, for `user`, the ids
         cmd = ["nsenter", "-t", str(s.init_pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
         env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
+        drop = containment.setpriv_argv()[:-1]
         if user not in (None, "root"):
             if user != SESSION_USER:
                 raise InvalidArgument(f"unknown user {user!r}", reason="BAD_USER")
-            cmd += ["-S", str(SESSION_UID), "-G", str(SESSION_UID)]
+            drop += [f"--reuid={SESSION_UID}", f"--regid={SESSION_UID}", "--init-groups"]
             env.update({"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
                         "XDG_RUNTIME_DIR": f"/run/user/{SESSION_UID}",
                         "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{SESSION_UID}/bus"})
@@ -905,8 +904,7 @@ class Supervisor:
         else:
             env.update({"HOME": "/root", "USER": "root"})
             cwd = "/"
-        cmd += ["--", *containment.setpriv_argv(), "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()],
-                *argv]
+        cmd += ["--", *drop, "--", "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()], *argv]
         paths = s.cgroup.paths if s.cgroup else []
 
         def enter() -> None:  # the session's limits and filter, before nsenter takes the namespaces

@@ -152,7 +152,7 @@ def run_checkpoint(opts) -> dict:
                            "images_mib": round(common.snapshot_images_bytes(bi.instance, snap["id"]) / 2**20, 2),
                            "processes": len(snap.get("processes") or [])}
                     if leave:
-                        back = common.wait_agent_ready(desk.session["display"], t0)
+                        back = common.wait_agent_ready(common.route(desk.session), t0)
                         row["agent_ready_again"] = round(back["seconds"], 4)
                         row["session_timings"] = c.get(desk.id).get("timings", {})
                         desk.close()

@@ -348,6 +348,15 @@ def _title(d, win, net_wm_name, utf8) -> str:
         return ""
 
 
+def route(session: dict) -> int:
+    """Let this process reach a session's X server (through the session root, as the daemon does:
+    :func:`drums_core.display.register_session`); returns its display number."""
+    from drums_core import display
+
+    display.register_session(int(session["display"]), int(session["init_pid"]))
+    return int(session["display"])
+
+
 def ready_state(display_number: int, title: str = WRITER_TITLE) -> tuple[str | None, float | None]:
     """(matching mapped window title or None, share of non-blank pixels or None) of one display."""
     import numpy as np
@@ -419,7 +428,7 @@ def boot_writer(client: Client, t0: float | None = None, launch_only: bool = Fal
         else:
             run_task_setup(WRITER_TASK, desk.guest, strict=True)
         t_setup = time.monotonic() - t0
-        ready = wait_agent_ready(desk.session["display"], t0)
+        ready = wait_agent_ready(route(desk.session), t0)
     except BaseException:
         with contextlib.suppress(DrumsError):
             desk.close()
@@ -456,7 +465,7 @@ def restore_ready(client: Client, snapshot: str, count: int = 1, timeout: float 
     sessions = client.restore(snapshot, count=count, **extra)
     t_call = time.monotonic() - t0
     with ThreadPoolExecutor(max_workers=min(count, 16)) as ex:
-        ready = list(ex.map(lambda s: wait_agent_ready(s["display"], t0, timeout), sessions))
+        ready = list(ex.map(lambda s: wait_agent_ready(route(s), t0, timeout), sessions))
     confirmed = sum(1 for r in ready if r["checks"] == 1)
     return {"sessions": sessions, "call": t_call, "ready": max(r["seconds"] for r in ready),
             "daemon_ready": t_call if daemon_checks and confirmed == len(ready) else None,

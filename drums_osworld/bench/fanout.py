@@ -46,7 +46,7 @@ def _alive_at_ready(client, sessions: list[dict], expected: list) -> list[dict]:
 def _check_overhead(client, snap_id: str, n: int = 5) -> dict:
     """What the bench's agent-ready check costs on a desktop that is already ready."""
     r = common.restore_ready(client, snap_id)
-    d = r["sessions"][0]["display"]
+    d = common.route(r["sessions"][0])
     costs = []
     for _ in range(n):
         t0 = time.monotonic()
@@ -177,7 +177,8 @@ def run_soak(opts) -> dict:
                 walls.append(time.monotonic() - t0)
                 restores += len(sessions)
                 # a cheap agent-ready confirmation of one sibling per fan-out (all were checked by the daemon)
-                common.wait_agent_ready(sessions[i % len(sessions)]["display"], time.monotonic(), timeout=30)
+                common.wait_agent_ready(common.route(sessions[i % len(sessions)]), time.monotonic(),
+                                        timeout=30)
                 live_bad += [{"fanout": i, **b} for b in common.liveness(c, sessions)]
             except (DrumsError, common.BenchError) as exc:
                 restores += width  # the call is all-or-nothing: its siblings were attempted and rolled back
