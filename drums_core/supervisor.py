@@ -631,8 +631,13 @@ class Supervisor:
         if leave_running:
             with self._lock:
                 self._slots_in_use.add(old_slot)
-            new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
-                                    machine_id=s.machine_id)
+            try:
+                new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
+                                        machine_id=s.machine_id)
+            except DrumsError as exc:  # the snapshot is committed: say which, the session is gone
+                raise type(exc)(f"checkpoint {snap.id} of {s.id} is committed, but the session could not go on "
+                                f"running from it: {exc.message}", reason=exc.reason,
+                                detail={"snapshot": snap.id, "cause": exc.detail}) from exc
             new.timings["checkpoint"] = time.monotonic() - t0
         return snap
 
