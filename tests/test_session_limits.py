@@ -121,3 +121,28 @@ def test_bad_limits_are_refused_and_change_nothing(client, bad):
     with pytest.raises(InvalidArgument):
         client.create(bad)
     assert client.list() == before
+
+
+def test_writing_past_the_writable_layer_gets_enospc_and_a_sibling_still_checkpoints(client, drums_instance):
+    a = client.create({"writable_size": "64m", "tmp_size": "16m"})
+    b = client.create(BARE)
+    snap = None
+    try:
+        before = os.statvfs(drums_instance.state_dir)
+        fill = ("import errno, sys\ntry:\n    with open(sys.argv[1], 'wb') as f:\n        for _ in range(200):\n"
+                "            f.write(b'x' * (1 << 20))\n            f.flush()\n    print('wrote it all')\n"
+                "except OSError as e:\n    print(errno.errorcode[e.errno])\n")
+        for path in ("/home/user/big", "/var/tmp/big", "/tmp/big"):
+            out = client.exec(a["id"], ["python3", "-c", fill, path], user="user" if path.startswith("/home") else None)
+            assert out["stdout"].strip() == "ENOSPC", (path, out)
+        after = os.statvfs(drums_instance.state_dir)
+        grew = (before.f_bfree - after.f_bfree) * after.f_frsize
+        assert grew < 16 * MiB, f"the instance's store lost {grew >> 20} MiB to a session's writes"
+        snap = client.checkpoint(b["id"], name=f"sibling-{os.getpid()}")
+        assert snap["id"]
+    finally:
+        client.destroy(a["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+        else:
+            client.destroy(b["id"])
