@@ -16,6 +16,8 @@ Store layout (``config.IMAGE_STORE``, a disk filesystem, never a tmpfs)::
                                     image, exclusive while a rebuild or removal checks for mounts
                                     and swaps the image out (no name contains '@')
     <store>/.build-<name>-<rand8>/  a build (or a removal) in progress
+    <store>/.staged-<name>/         a complete build that could not replace <name> because a
+                                    session used it; the next build of the same spec swaps it in
 
 A build happens in ``.build-<name>-<rand8>`` and is swapped onto ``<name>`` with one
 ``renameat2(RENAME_EXCHANGE)`` (or a rename when there is no old image) only when complete, so a
@@ -56,7 +58,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -551,6 +553,7 @@ def remove(name: str, progress: Progress | None = None) -> None:
             os.rename(_image_dir(name), trash)  # invisible at once; a crash leaves only a .build-* dir
         _rmtree(trash)
         _remove_stale_builds(name, say)
+        shutil.rmtree(_staged_dir(name), ignore_errors=True)
     say(f"[image] {name}: removed")
 
 
@@ -649,9 +652,8 @@ def _debootstrap(b: _Builder) -> None:
 
 def _copy_base(b: _Builder) -> None:
     b.say(f"copying image {b.spec.base} ...")
-    with _locked(b.spec.base, shared=True, progress=b.progress):  # no rebuild or removal meanwhile
-        base = rootfs_path(b.spec.base)
-        b.run(["cp", "-a", "--reflink=auto", str(base), str(b.rootfs)], f"copy of image {b.spec.base}")
+    base = rootfs_path(b.spec.base)  # the caller holds the base's lock, shared
+    b.run(["cp", "-a", "--reflink=auto", str(base), str(b.rootfs)], f"copy of image {b.spec.base}")
     b.say("unshifting ids ...")
     shift_ids(b.rootfs, -config.ID_BASE)
 
@@ -898,19 +900,53 @@ def _syncfs(path: Path) -> None:
         os.close(fd)
 
 
+def _staged_dir(name: str) -> Path:
+    return store() / f".staged-{name}"
+
+
+def _swap_in(name: str, src: Path) -> None:
+    """Make the complete image in ``src`` visible as ``name`` in one rename; delete the old one.
+
+    FailedPrecondition (nothing changed) when a mount uses the current image: a session may have
+    started on it while this build ran.
+    """
+    target = _image_dir(name)
+    with _replacing(name, "replace"):
+        if target.exists():
+            _exchange(src, target)  # src now holds the old image
+        else:
+            os.rename(src, target)
+    shutil.rmtree(src, ignore_errors=True)  # what is left is cleaned by the next build
+
+
 def _commit(b: _Builder, m: Manifest) -> None:
-    """Write the manifest last, flush to disk, then make the image visible in one rename."""
+    """Write the manifest last, flush to disk, then swap the image in (or keep it staged, if in use)."""
     tmp = b.dir / "manifest.json.tmp"
     tmp.write_text(json.dumps(m.to_json(), indent=1, sort_keys=True) + "\n")
     os.rename(tmp, b.dir / "manifest.json")
     _syncfs(b.dir)  # the rootfs's data reaches the disk before the image becomes visible
-    target = _image_dir(b.spec.name)
-    with _replacing(b.spec.name, "replace"):  # a session may have started on it during the build
-        if target.exists():
-            _exchange(b.dir, target)  # b.dir now holds the old image
-        else:
-            os.rename(b.dir, target)
-    shutil.rmtree(b.dir, ignore_errors=True)
+    try:
+        _swap_in(b.spec.name, b.dir)
+    except FailedPrecondition as exc:
+        staged = _staged_dir(b.spec.name)
+        shutil.rmtree(staged, ignore_errors=True)
+        os.rename(b.dir, staged)
+        exc.message += (f"; the new build is kept: run the same `drums image build` again when no session uses "
+                        f"{b.spec.name!r} and it is swapped in at once")
+        raise
+
+
+def _try_staged(spec: ImageSpec, say: Progress, force: bool) -> Manifest | None:
+    """Swap in a complete build of this very spec that was kept because the image was in use."""
+    staged = _staged_dir(spec.name)
+    m = _read_manifest(staged / "manifest.json")
+    if m is None or force or m.id_base != config.ID_BASE or m.spec_hash != spec_hash(spec):
+        if staged.exists():
+            shutil.rmtree(staged)
+        return None
+    say(f"[image] {spec.name}: swapping in the kept build (content {m.content_hash[:8]})")
+    _swap_in(spec.name, staged)
+    return m
 
 
 def build(spec: ImageSpec, progress: Progress | None = None, force: bool = False) -> Manifest:
@@ -931,20 +967,23 @@ def build(spec: ImageSpec, progress: Progress | None = None, force: bool = False
             return current
         if _image_dir(spec.name).exists():
             _refuse_if_used(spec.name, "rebuild")
-        return _build_locked(spec, say)
+        return _try_staged(spec, say, force) or _build_locked(spec, say)
 
 
 def _build_locked(spec: ImageSpec, say: Progress) -> Manifest:
-    t0 = time.monotonic()
-    digest = spec_hash(spec)
-    b = _Builder(spec, _new_build_dir(spec.name), say)
-    try:
-        _make_rootfs(b)
-        m = _assemble(b, digest, t0)
-        _commit(b, m)
-    except BaseException:
-        shutil.rmtree(b.dir, ignore_errors=True)
-        raise
+    # A derived build holds its base's lock (shared) throughout: the base's content hash in the
+    # spec hash is that of the tree it copies.
+    with _locked(spec.base, shared=True, progress=say) if spec.derived else nullcontext():
+        t0 = time.monotonic()
+        digest = spec_hash(spec)
+        b = _Builder(spec, _new_build_dir(spec.name), say)
+        try:
+            _make_rootfs(b)
+            m = _assemble(b, digest, t0)
+            _commit(b, m)
+        except BaseException:
+            shutil.rmtree(b.dir, ignore_errors=True)
+            raise
     say(f"[image] {spec.name}: done in {m.build_seconds:.1f}s, {_human_size(m.size_bytes)}, "
         f"content {m.content_hash[:8]}")
     return m

@@ -15,8 +15,10 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,7 @@ def _cleanup(name: str) -> None:
         shutil.rmtree(d, ignore_errors=True)
     (config.IMAGE_STORE / ".locks" / name).unlink(missing_ok=True)
     (config.IMAGE_STORE / ".locks" / f"{name}@use").unlink(missing_ok=True)
+    shutil.rmtree(config.IMAGE_STORE / f".staged-{name}", ignore_errors=True)
 
 
 @pytest.fixture
@@ -193,6 +196,22 @@ def _assert_ids_in_range(rootfs: Path) -> None:
     assert not bad, f"{len(bad)} files outside the session's id range, e.g. {bad[:5]}"
 
 
+@contextmanager
+def _session_overlay(tmp_path: Path, name: str) -> Iterator[Path]:
+    """An overlay over the image, mounted as a session launcher mounts it (under images.mounting)."""
+    mnt = tmp_path / f"drums-image-test-{name}-{secrets.token_hex(2)}"
+    for d in ("upper", "work", "merged"):
+        (mnt / d).mkdir(parents=True)
+    with images.mounting(name) as lower:
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={lower},upperdir={mnt}/upper,workdir={mnt}/work", str(mnt / "merged")],
+                       check=True)
+    try:
+        yield lower
+    finally:
+        subprocess.run(["umount", str(mnt / "merged")], check=True)
+
+
 @pytest.mark.timeout(1800)
 def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
                                                  default_image: images.Manifest) -> None:
@@ -249,23 +268,14 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
             images.check_usable(image_name)
 
     # rm refuses while an overlay uses the image, then removes it.
-    mnt = tmp_path / f"drums-image-test-{image_name}"
-    for d in ("upper", "work", "merged"):
-        (mnt / d).mkdir(parents=True)
-    with images.mounting(image_name) as lower:  # as a session launcher mounts it
+    with _session_overlay(tmp_path, image_name) as lower:
         assert lower == root
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={lower},upperdir={mnt}/upper,workdir={mnt}/work", str(mnt / "merged")],
-                       check=True)
-    try:
         with pytest.raises(FailedPrecondition, match="mounted by") as info:
             images.remove(image_name)
         assert info.value.reason == "IMAGE_IN_USE"
         with pytest.raises(FailedPrecondition, match="mounted by"):
             images.build(spec, force=True)
         assert images.get(image_name) == m and not images._stale_builds(image_name)
-    finally:
-        subprocess.run(["umount", str(mnt / "merged")], check=True)
     res = _images_cli("image", "rm", image_name)
     assert res.returncode == 0, res.stderr
     assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
@@ -336,3 +346,48 @@ def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name
         images.build(spec)
     assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
     assert not list((config.IMAGE_STORE / ".locks").glob(f"{image_name}*"))  # nothing was created
+
+
+@pytest.mark.timeout(1800)
+def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swapped_in(
+        tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
+    first = images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
+    # The second build waits in its command until the test has started a "session" on the image.
+    spec = images.load_spec(_user_spec(tmp_path, image_name, commands=[
+        "touch /tmp/at-command; while [ ! -e /tmp/session-started ]; do sleep 0.2; done"]))
+    errors: list[BaseException] = []
+
+    def rebuild() -> None:
+        try:
+            images.build(spec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=rebuild)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not any((d / "rootfs/tmp/at-command").exists() for d in images._stale_builds(image_name)):
+            assert worker.is_alive() and time.monotonic() < deadline, f"the rebuild ended early: {errors}"
+            time.sleep(0.2)
+        with _session_overlay(tmp_path, image_name):
+            for d in images._stale_builds(image_name):
+                (d / "rootfs/tmp/session-started").touch()
+            worker.join(timeout=600)
+            assert len(errors) == 1 and isinstance(errors[0], FailedPrecondition), errors
+            assert "the new build is kept" in str(errors[0])
+            assert images.get(image_name) == first  # the image in use was not replaced
+            staged = config.IMAGE_STORE / f".staged-{image_name}"
+            assert (staged / "manifest.json").is_file() and not images._stale_builds(image_name)
+        # No session uses it any more: the same build again swaps the kept build in, no rebuild.
+        lines: list[str] = []
+        m = images.build(spec, progress=lines.append)
+        assert any("swapping in the kept build" in line for line in lines), lines
+        assert not any("copying image" in line for line in lines), f"the kept build was built again: {lines}"
+        assert m.spec_hash == images.spec_hash(spec) != first.spec_hash and images.get(image_name) == m
+        assert not staged.exists() and not images._stale_builds(image_name)
+    finally:
+        for d in images._stale_builds(image_name):  # never leave the worker waiting
+            (d / "rootfs/tmp").mkdir(parents=True, exist_ok=True)
+            (d / "rootfs/tmp/session-started").touch()
+        worker.join(timeout=600)
