@@ -337,9 +337,18 @@ class Supervisor:
                         log.exception("could not stop session %s after its OOM", s.id)
 
     def _mount_root(self, s: Session, lowers: list) -> None:
+        """Mount the overlay under the image's use lock (a rebuild or removal cannot swap the image
+        out meanwhile), and only over the image version the session or snapshot expects."""
         upper, work, root = Path(s.dir) / "rw/upper", Path(s.dir) / "rw/work", Path(s.root)
-        self.ledger.record("mount", s.root, session=s.id)
-        rootfs.mount_overlay(lowers, upper, work, root)
+        with images.mounting(s.spec.image) as rootfs_dir:
+            have = images.get(s.spec.image).content_hash
+            if s.image_hash and have != s.image_hash:
+                raise Unavailable(f"image {s.spec.image!r} changed to {have[:12]} while {s.id} was being made",
+                                  reason="IMAGE_CHANGED")
+            if Path(lowers[-1]) != Path(rootfs_dir):
+                raise Internal(f"image layer {lowers[-1]} is not the image's rootfs {rootfs_dir}", reason="BAD_LAYERS")
+            self.ledger.record("mount", s.root, session=s.id)
+            rootfs.mount_overlay(lowers, upper, work, root)
         # a copy of this mount in a namespace cloned later is then known as a copy, not a holder
         self.ledger.update("mount", s.root, mount_key=mount_key(s.root))
 
