@@ -24,6 +24,7 @@ ID_COUNT = 65536
 GUEST_VENV = "/usr/lib/drums/venv"
 GUEST_PYTHON = f"{GUEST_VENV}/bin/python"
 GUEST_CODE = "/usr/lib/drums/python"
+GUEST_SITE = f"{GUEST_VENV}/lib/python3.11/site-packages"  # Debian 12's Python, in every image
 
 SESSION_USER = "user"
 SESSION_UID = 1000

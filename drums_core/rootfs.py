@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from . import linux, safepath
-from .config import GUEST_CODE
+from .config import GUEST_CODE, GUEST_SITE
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -42,7 +42,7 @@ def build_code_layer(parent: Path, owner: int) -> Path:
         for p in sorted((here / pkg).rglob("*")):
             if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed", ".json"):
                 files.append((p, str(p.relative_to(here))))
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(GUEST_SITE.encode())
     for p, rel in files:
         digest.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
     layer = parent / f"code-{digest.hexdigest()[:16]}-{owner}"
@@ -54,6 +54,10 @@ def build_code_layer(parent: Path, owner: int) -> Path:
     for p, rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, dest / rel)
+    # the image's guest Python finds the code for every program of the session, agents' own included
+    site = tmp / GUEST_SITE.lstrip("/")
+    site.mkdir(parents=True)
+    (site / "drums-code.pth").write_text(GUEST_CODE + "\n")
     for dirpath, dirs, names in os.walk(tmp):
         for name in [*dirs, *names]:
             full = os.path.join(dirpath, name)
