@@ -152,7 +152,8 @@ def run_checkpoint(opts) -> dict:
                            "images_mib": round(common.snapshot_images_bytes(bi.instance, snap["id"]) / 2**20, 2),
                            "processes": len(snap.get("processes") or [])}
                     if leave:
-                        back = common.wait_agent_ready(common.route(desk.session), t0)
+                        # the desktop goes on in a restored tree: route to its new init
+                        back = common.wait_agent_ready(common.route(c.get(desk.id)), t0)
                         row["agent_ready_again"] = round(back["seconds"], 4)
                         row["session_timings"] = c.get(desk.id).get("timings", {})
                         desk.close()
