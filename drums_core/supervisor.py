@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from . import cgroups, containment, criu, display, faults, images, linux, netns, rootfs
+from . import cgroups, criu, display, faults, images, linux, netns, rootfs
 from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -902,31 +902,26 @@ class Supervisor:
         s = self._usable(sid)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
-        # nsenter becomes uid/gid 0 of the session's user namespace (an unprivileged host id); setpriv
-        # then drops the bounding set (entering a user namespace fills it again) and, for `user`, the ids
-        cmd = ["nsenter", "-t", str(s.init_pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
         env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
-        drop = containment.setpriv_argv()[:-1]
         if user not in (None, "root"):
             if user != SESSION_USER:
                 raise InvalidArgument(f"unknown user {user!r}", reason="BAD_USER")
-            drop += [f"--reuid={SESSION_UID}", f"--regid={SESSION_UID}", "--init-groups"]
-            env.update({"HOME": f"/home/{user}", "USER": user, "LOGNAME": user,
-                        "XDG_RUNTIME_DIR": f"/run/user/{SESSION_UID}",
+            uid, cwd = SESSION_UID, f"/home/{user}"
+            env.update({"HOME": cwd, "USER": user, "LOGNAME": user, "XDG_RUNTIME_DIR": f"/run/user/{SESSION_UID}",
                         "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{SESSION_UID}/bus"})
-            cwd = f"/home/{user}"
         else:
+            uid, cwd = 0, "/"
             env.update({"HOME": "/root", "USER": "root"})
-            cwd = "/"
-        cmd += ["--", *drop, "--", "env", "-i", "-C", cwd, *[f"{k}={v}" for k, v in env.items()], *argv]
-        paths = s.cgroup.paths if s.cgroup else []
-
-        def enter() -> None:  # the session's limits and filter, before nsenter takes the namespaces
-            cgroups.enter(paths)
-            containment.enter_preexec()
-
+        # drums_core.enter: host code that enters the session and hardens itself before it execs anything
+        # of the session's; the daemon's own environment is not passed on
+        spec = {"pid": s.init_pid, "uid": uid, "cwd": cwd, "env": env, "argv": argv,
+                "cgroup": s.cgroup.paths if s.cgroup else []}
+        cmd = [sys.executable, "-m", "drums_core.enter", json.dumps(spec)]
+        host_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+                    "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, preexec_fn=enter)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, env=host_env,
+                                 cwd="/")
         except subprocess.TimeoutExpired as exc:
             raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
         return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
