@@ -47,7 +47,11 @@ BASE = "drums"
 MiB = 1 << 20
 GiB = 1 << 30
 REQUIRED = ("memory", "pids", "cpu")          # controllers a session's limits need (v1 and v2)
-V1_ROLES = ("memory", "pids", "cpu", "freezer")  # v1 hierarchies a session's group lives in
+V1_ROLES = ("memory", "pids", "cpu", "freezer", "devices")  # v1 hierarchies a session's group lives in
+# The device nodes a session may open or make (v1 devices controller; Docker's default list minus
+# what a desktop does not use). Anything else (a node in a layer a bundle or an image brought) is refused.
+DEVICE_ALLOW = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm",
+                "c 136:* rwm")
 V1_CONTROLLERS = frozenset({"cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "net_cls", "net_prio",
                             "blkio", "perf_event", "hugetlb", "pids", "rdma", "misc"})
 PROCS = "cgroup.procs"
@@ -539,7 +543,7 @@ class SessionCgroup:
 
 
 _V1_PROBE = {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpu": "cpu.shares",
-             "freezer": "freezer.state"}
+             "freezer": "freezer.state", "devices": "devices.list"}
 
 
 def _read_words(path: str) -> list[str]:
@@ -672,6 +676,10 @@ class CgroupV1Driver(CgroupDriver):
             _write(os.path.join(mem, "memory.oom_control"), "0")  # the OOM killer must act in the group
         _write(os.path.join(cg.dirs["pids"], "pids.max"), str(limits.pids_max))
         _write(os.path.join(cg.dirs["cpu"], "cpu.shares"), str(limits.cpu_shares))
+        if "devices" in cg.dirs:
+            _write(os.path.join(cg.dirs["devices"], "devices.deny"), "a")
+            for rule in DEVICE_ALLOW:
+                _write(os.path.join(cg.dirs["devices"], "devices.allow"), rule)
 
 
 def _v1_memory_hierarchy(d: str) -> None:

@@ -59,6 +59,8 @@ DENIED_SYSCALLS = (
     # memory policy of other processes and page-fault handling in the kernel's favour
     "move_pages", "mbind", "set_mempolicy", "get_mempolicy", "set_mempolicy_home_node", "userfaultfd",
     "kcmp",
+    # io_uring: a large kernel surface that Docker's default profile also denies
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
 )
 
 
@@ -107,22 +109,6 @@ def mount_devpts() -> None:
     """The session's own pty instance (inside its user namespace, so ``gid=5`` is the session's tty group)."""
     linux.mount("devpts", "/dev/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC,
                 "newinstance,ptmxmode=0666,mode=620,gid=5")
-
-
-def setpriv_argv() -> list[str]:
-    """``setpriv`` (util-linux, in every image) dropping :data:`DROPPED_CAPS` from the bounding set.
-
-    For processes that enter a session from outside (``drums exec``): entering its user namespace
-    gives a full bounding set again, so the drop happens inside, just before the command."""
-    caps = ",".join("-" + name[4:].lower() for name in DROPPED_CAPS)
-    return ["setpriv", f"--bounding-set={caps}", "--"]
-
-
-def enter_preexec() -> None:
-    """``preexec_fn`` for a process that will enter a session: load the seccomp filter first.
-
-    The filter survives setns and exec."""
-    install_seccomp(seccomp_filter())
 
 
 def drop_bounding_set() -> None:

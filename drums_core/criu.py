@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -124,8 +125,8 @@ def _in_cgroup_wrapper(work_dir: Path, cgroup_paths: list[str]) -> Path:
     (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where ``criu swrk`` runs)."""
     wrapper = work_dir / "criu-in-cgroup"
     lines = ["#!/bin/sh", "set -e"]
-    lines += [f"echo $$ > '{p}/cgroup.procs'" for p in cgroup_paths]
-    lines.append(f'exec \'{CRIU_BIN}\' "$@"')
+    lines += [f"echo $$ > {shlex.quote(p + '/cgroup.procs')}" for p in cgroup_paths]
+    lines.append(f'exec {shlex.quote(str(CRIU_BIN))} "$@"')
     wrapper.write_text("\n".join(lines) + "\n")
     wrapper.chmod(0o700)
     return wrapper

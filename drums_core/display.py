@@ -4,7 +4,8 @@ The daemon connects to a session's X server through its socket inside the sessio
 ``/proc/<init>/root/tmp/.X11-unix/X0``, resolved by :func:`drums_core.safepath.connect_unix` so a
 symlink the session planted there is refused rather than followed to a host socket. The supervisor
 registers each session's display number with :func:`register_session` (:func:`connect` then uses
-that route); ``/tmp/.X11-unix/X<display>`` on the host stays a link for people's own X tools.
+that route). There is no ``/tmp/.X11-unix/X<display>`` link on the host: one through
+``/proc/<pid>/root`` would follow whatever the session planted at its socket's path.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from Xlib.support import connect as _xconnect
 from . import safepath
 from .errors import DrumsError, Unavailable
 
+X_TIMEOUT = 15.0  # seconds any one read or write on a session's X connection may take
 _routes: dict[int, int] = {}  # display number -> session init pid
 _routes_lock = threading.Lock()
 _plain_get_socket = _xconnect.get_socket
@@ -31,7 +33,8 @@ def _get_socket(dname, protocol, host, dno):
     if pid is None or host:
         return _plain_get_socket(dname, protocol, host, dno)
     try:
-        return safepath.connect_unix(f"/proc/{pid}/root", "tmp/.X11-unix/X0")
+        # a timeout: the server is the session's, and one that never answers must not hang the daemon
+        return safepath.connect_unix(f"/proc/{pid}/root", "tmp/.X11-unix/X0", timeout=X_TIMEOUT)
     except DrumsError as exc:
         raise OSError(f"X socket of display :{dno}: {exc.message}") from exc
 
@@ -61,7 +64,7 @@ class Window:
 def connect(number: int) -> xdisplay.Display:
     try:
         return xdisplay.Display(f":{number}")
-    except (xerror.DisplayError, OSError, ConnectionError) as exc:
+    except (xerror.DisplayError, OSError, ConnectionError, TimeoutError) as exc:
         raise Unavailable(f"X display :{number} not reachable: {exc}", reason="X_UNREACHABLE") from exc
 
 

@@ -72,9 +72,13 @@ def build_code_layer(parent: Path, owner: int) -> Path:
     return layer
 
 
+def _escape_layer(path: str) -> str:
+    return path.replace("\\", "\\\\").replace(":", "\\:").replace(",", "\\,")
+
+
 def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Path) -> None:
-    """The session root: ``nodev`` (the launcher binds the few usable device nodes over it)."""
-    lowerdir = ":".join(str(p) for p in lowers)
+    """The session root (``:``, ``,`` and ``\\`` in layer paths escaped as overlay's option parser wants)."""
+    lowerdir = ":".join(_escape_layer(str(p)) for p in lowers)
     opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on"
     linux.mount("overlay", str(target), "overlay", 0, opts)
     linux.mount("none", str(target), None, linux.MS_PRIVATE)

@@ -71,7 +71,8 @@ def open_in_root(root: str, rel: str, flags: int, mode: int = 0o644) -> int:
 def write_file(root: str, rel: str, data: bytes | str, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
     """Replace the content of ``root/rel`` (created if absent); a regular file only."""
     raw = data.encode() if isinstance(data, str) else data
-    fd = open_in_root(root, rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, mode)
+    # O_NONBLOCK: a FIFO planted at the path must not hang the daemon before the type check
+    fd = open_in_root(root, rel, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     try:
         import stat
 
@@ -79,6 +80,7 @@ def write_file(root: str, rel: str, data: bytes | str, mode: int = 0o644, owner:
         if not stat.S_ISREG(st.st_mode):
             raise FailedPrecondition(f"refusing {rel!r} in session root {root}: not a regular file",
                                      reason="UNSAFE_PATH", detail={"path": rel, "root": root})
+        os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         os.write(fd, raw)
         if owner is not None:
@@ -88,8 +90,13 @@ def write_file(root: str, rel: str, data: bytes | str, mode: int = 0o644, owner:
 
 
 def read_file(root: str, rel: str, limit: int = 1 << 20) -> bytes:
-    fd = open_in_root(root, rel, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = open_in_root(root, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FailedPrecondition(f"refusing {rel!r} in session root {root}: not a regular file",
+                                     reason="UNSAFE_PATH", detail={"path": rel, "root": root})
         return os.read(fd, limit)
     finally:
         os.close(fd)

@@ -308,10 +308,16 @@ class Supervisor:
         s.cgroup = self.cgroups.create(self.run, s.id, s.spec.cgroup_limits())
 
     def _remove_cgroup(self, s: Session) -> int:
+        """Best effort: a group that cannot go yet (a task in D state) keeps its ledger entry for the
+        sweep, and the rest of the teardown goes on."""
         if s.cgroup is None:
             return 0
-        killed = s.cgroup.kill_all()
-        s.cgroup.remove()
+        try:
+            killed = s.cgroup.kill_all()
+            s.cgroup.remove()
+        except DrumsError as exc:
+            log.error("cgroup %s of %s not removed (left to the sweep): %s", s.cgroup.name, s.id, exc.message)
+            return 0
         self.ledger.forget("cgroup", s.cgroup.name)
         return killed
 
@@ -319,22 +325,28 @@ class Supervisor:
         """A session whose cgroup saw an OOM kill is killed whole and marked broken (reason ``OOM: ...``)."""
         while True:
             time.sleep(0.5)
-            for s in list(self.sessions.values()):
-                if s.cgroup is None or s.state not in (State.RUNNING, State.RESTORING, State.STARTING):
-                    continue
+            try:
+                self._check_ooms()
+            except Exception:  # noqa: BLE001 - the watcher must outlive any one bad read
+                log.exception("OOM watcher")
+
+    def _check_ooms(self) -> None:
+        for s in list(self.sessions.values()):
+            if s.cgroup is None or s.state not in (State.RUNNING, State.RESTORING, State.STARTING):
+                continue
+            try:
+                kills = s.cgroup.oom_kills()
+            except DrumsError:
+                continue
+            if kills > s.oom_kills:
+                s.oom_kills = kills
+                limit = s.spec.cgroup_limits().memory_max
+                self._mark_broken(s, f"OOM: the session went over its memory limit ({limit >> 20} MiB); "
+                                     f"the kernel killed a process and Drums stopped the session")
                 try:
-                    kills = s.cgroup.oom_kills()
+                    s.cgroup.kill_all()
                 except DrumsError:
-                    continue
-                if kills > s.oom_kills:
-                    s.oom_kills = kills
-                    limit = s.spec.cgroup_limits().memory_max
-                    self._mark_broken(s, f"OOM: the session went over its memory limit ({limit >> 20} MiB); "
-                                         f"the kernel killed a process and Drums stopped the session")
-                    try:
-                        s.cgroup.kill_all()
-                    except DrumsError:
-                        log.exception("could not stop session %s after its OOM", s.id)
+                    log.exception("could not stop session %s after its OOM", s.id)
 
     def _mount_root(self, s: Session, lowers: list) -> None:
         """Mount the overlay under the image's use lock (a rebuild or removal cannot swap the image
