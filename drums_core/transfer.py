@@ -206,6 +206,40 @@ def _check_members(tar_path: Path, sent: list[str]) -> int:
     return len(names)
 
 
+_OK_XATTRS = ("trusted.overlay.", "user.", "security.capability")
+_SESSION_NODES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0)}  # the launcher's /dev (drums_core.launch)
+
+
+def check_layer(layer: Path) -> None:
+    """A layer from another node holds only what a session could have made: files owned by session ids
+    (``ID_BASE`` + 0..65535), no device nodes but overlay's whiteouts (char 0:0) and the launcher's
+    /dev nodes, no other kinds of xattrs. The walk follows no symlink. Internal (``BUNDLE_UNSAFE``) names the first offence."""
+    import stat
+
+    from .config import ID_BASE, ID_COUNT
+
+    def bad(path: str, why: str) -> Internal:
+        return Internal(f"bundle layer {layer}: {os.path.relpath(path, layer)}: {why}", reason="BUNDLE_UNSAFE")
+
+    for dirpath, dirs, files in os.walk(layer):
+        for name in [*dirs, *files]:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            whiteout = stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+            node = (os.major(st.st_rdev), os.minor(st.st_rdev))
+            if stat.S_ISBLK(st.st_mode) or (stat.S_ISCHR(st.st_mode) and not whiteout
+                                            and node not in _SESSION_NODES):
+                raise bad(path, f"device node {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+            if not whiteout and not (ID_BASE <= st.st_uid < ID_BASE + ID_COUNT
+                                     and ID_BASE <= st.st_gid < ID_BASE + ID_COUNT):
+                raise bad(path, f"owned by host ids {st.st_uid}:{st.st_gid}, outside the sessions' range")
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            for attr in os.listxattr(path, follow_symlinks=False):
+                if not attr.startswith(_OK_XATTRS):
+                    raise bad(path, f"extended attribute {attr}")
+
+
 def _verify_sizes(d: Path, snap: Snapshot) -> None:
     for name, size in snap.files.items():
         p = d / "images" / name
@@ -290,6 +324,7 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
                 raise Internal(f"snapshot {sid} stacks on layers outside its chain: {snap.layers}",
                                reason="BUNDLE_CORRUPT")
             _verify_sizes(d, snap)
+            check_layer(d / "layer")
             provenance = {"sha256": actual, "bundle_top": m["top"], "source_boot_id": snap.boot_id,
                           "source_layers": list(snap.layers), "imported": time.time()}
             snap.layers = [str(store.path(o) / "layer") for o in owners]
