@@ -213,7 +213,8 @@ _SESSION_NODES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0)}  # the launche
 def check_layer(layer: Path) -> None:
     """A layer from another node holds only what a session could have made: files owned by session ids
     (``ID_BASE`` + 0..65535), no device nodes but overlay's whiteouts (char 0:0) and the launcher's
-    /dev nodes, no other kinds of xattrs. The walk follows no symlink. Internal (``BUNDLE_UNSAFE``) names the first offence."""
+    /dev nodes, no other kinds of xattrs. The walk follows no symlink. Internal (``BUNDLE_UNSAFE``)
+    names the first offence."""
     import stat
 
     from .config import ID_BASE, ID_COUNT
