@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from drums_core import procs
+from drums_core import cgroups, procs
 from drums_core.client import Client
 from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
@@ -73,7 +73,7 @@ def _snapshot_of_xterm(inst: Instance) -> tuple[str, str]:
 def _holdings(inst: Instance, sessions: list[dict]) -> dict:
     """What the live sessions hold on the host: process keys, mounts under their dirs, links, X11 links."""
     mounts = procs.read_mountinfo()
-    out = {"processes": set(), "mounts": set(), "links": set(), "x11links": set()}
+    out = {"processes": set(), "mounts": set(), "links": set(), "x11links": set(), "cgroups": set()}
     for s in sessions:
         ns = procs.readlink(f"/proc/{s['init_pid']}/ns/pid")
         assert ns and ns != procs.readlink("/proc/self/ns/pid")
@@ -84,8 +84,8 @@ def _holdings(inst: Instance, sessions: list[dict]) -> dict:
         assert os.path.exists(f"/sys/class/net/{s['ifname']}")
         out["links"].add(s["ifname"])
         link = str(X11_DIR / f"X{s['display']}")
-        assert os.path.islink(link)
-        out["x11links"].add(link)
+        assert not os.path.lexists(link)  # the daemon routes X through the session root: no host link
+        out["cgroups"] |= {p for paths in cgroups.list_run_groups().values() for p in paths if p.endswith(s["id"])}
     return out
 
 
@@ -119,7 +119,8 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     assert counts["status"] == {run: "swept"}
     assert counts["processes_killed"] == len(held["processes"]), (counts, sorted(held["processes"]))
     assert counts["mounts_unmounted"] == len(held["mounts"]), (counts, sorted(held["mounts"]))
-    assert counts["x11links_removed"] == len(held["x11links"]) == 3
+    assert counts["x11links_removed"] == len(held["x11links"]) == 0
+    assert len(held["cgroups"]) >= 3 and counts["cgroups_removed"] >= 3, (counts, sorted(held["cgroups"]))
     assert counts["nft_deleted"] == 1
     assert counts["links_deleted"] <= len(held["links"]) == 3  # a link may go with its netns first
     assert counts["ledgers_removed"] == 1 and counts["survivors"] == 0 and counts["errors"] == 0
@@ -128,6 +129,7 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     assert procs.mounts_within(procs.read_mountinfo(), sorted(held["mounts"])) == []
     assert held["links"] & _links() == set()
     assert [x for x in held["x11links"] if os.path.lexists(x)] == []
+    assert [c for c in held["cgroups"] if os.path.exists(c)] == []
     assert table not in _nft_names()
     assert not (inst.ledger_root / run).exists()
     assert not any(os.path.exists(s["dir"]) for s in sessions)
