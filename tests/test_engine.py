@@ -36,7 +36,9 @@ def writer_snapshot(drums_instance):
     """A cold Writer desktop with the seeded drawer running, checkpointed (the session is consumed)."""
     from drums_core.client import Client
 
-    c = Client(drums_instance)
+    from tests.conftest import SUITE_DAEMON_ENV
+
+    c = Client(drums_instance, daemon_env=SUITE_DAEMON_ENV)
     s = c.create(WRITER)
     try:
         c.exec(s["id"], ["bash", "-c", f"cat > /home/user/drawer.py <<'EOF'\n{DRAWER}EOF"], user="user")

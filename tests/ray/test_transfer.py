@@ -20,6 +20,8 @@ import pytest
 
 from raylib import TASK
 
+from drums_core.config import ID_BASE
+
 pytestmark = pytest.mark.timeout(600)
 
 MARKER = "/home/user/child-marker.txt"
@@ -115,7 +117,7 @@ def test_chain_ships_with_its_parent_and_restores_there(daemons, chain, spool):
     # origin-marked directory), and so do the session user's files
     layer = sb.path(parent["id"]) / "layer" / "home/user/scripts"
     assert os.listxattr(layer), "overlay xattrs were lost in transit"
-    assert (layer / "backup.sh").stat().st_uid == 1000
+    assert (layer / "backup.sh").stat().st_uid == ID_BASE + 1000  # the session user, on the host
     # the child restores on b with its own change and its parent's setup in place
     d = Desktop.restore(clients["b"], child["id"])[0]
     try:
