@@ -15,4 +15,8 @@ def instance_env(drums_instance, monkeypatch):
     monkeypatch.setenv("DRUMS_INSTANCE", drums_instance.name)
     monkeypatch.setenv("DRUMS_SLOT_BASE", str(drums_instance.slot_base))
     monkeypatch.setenv("DRUMS_SLOT_COUNT", str(drums_instance.slot_count))
+    from tests.conftest import SUITE_DAEMON_ENV
+
+    for key, value in SUITE_DAEMON_ENV.items():  # a daemon this code starts is the suite's kind
+        monkeypatch.setenv(key, value)
     return drums_instance
