@@ -193,9 +193,6 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
         os.set_inheritable(work_fd, True)
         opts = _base_opts(images_dir, work_fd, log_level)
         opts.root = str(root)
-        # mount-v2 opens the session's bind mounts of device nodes with open_tree from inside the
-        # restored user namespace, where the root overlay (host-owned) refuses it (EACCES)
-        opts.mntns_compat_mode = True
         opts.tcp_established = True
         opts.tcp_close = True
         opts.rst_sibling = False
