@@ -7,8 +7,10 @@ nowhere else.
 from __future__ import annotations
 
 import logging
+import fcntl
 import os
-import shlex
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -120,21 +122,53 @@ def _watchdog(client, timeout: float, fired: list) -> threading.Timer:
     return timer
 
 
-def _in_cgroup_wrapper(work_dir: Path, cgroup_paths: list[str]) -> Path:
-    """A tiny ``criu`` that first joins the session's cgroup: the restored tree is born inside it
-    (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where ``criu swrk`` runs)."""
-    wrapper = work_dir / "criu-in-cgroup"
-    lines = ["#!/bin/sh", "set -e"]
-    lines += [f"echo $$ > {shlex.quote(p + '/cgroup.procs')}" for p in cgroup_paths]
-    lines.append(f'exec {shlex.quote(str(CRIU_BIN))} "$@"')
-    wrapper.write_text("\n".join(lines) + "\n")
-    wrapper.chmod(0o700)
-    return wrapper
+class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
+    """``criu swrk`` started the way pycriu starts it, except that the child joins the session's
+    cgroup before it execs CRIU (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where
+    ``criu swrk`` runs, so the restored tree is born in the group), and that the forked child can
+    never return into the daemon's code: any failure there ends it with ``os._exit``. (pycriu's own
+    child lets an exec error propagate; a script written per call could meet ETXTBSY when another
+    thread forked meanwhile.)"""
+
+    def __init__(self, bin_path: str, cgroup_paths: list[str]) -> None:
+        super().__init__(bin_path)
+        self._procs = [p.rstrip("/") + "/cgroup.procs" for p in cgroup_paths]
+
+    def connect(self, daemon):
+        css = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fcntl.fcntl(css[1], fcntl.F_SETFD, fcntl.fcntl(css[1], fcntl.F_GETFD) | fcntl.FD_CLOEXEC)
+        fcntl.fcntl(css[0], fcntl.F_SETFD, fcntl.fcntl(css[0], fcntl.F_GETFD) & ~fcntl.FD_CLOEXEC)
+        self.daemon = False
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for path in self._procs:
+                    fd = os.open(path, os.O_WRONLY)
+                    os.write(fd, b"0")
+                    os.close(fd)
+                for fd in (0, 1, 2):
+                    os.close(fd)
+                css[0].send(struct.pack("i", os.getpid()))
+                os.execv(self.comm, [self.comm, "swrk", str(css[0].fileno())])
+            finally:
+                os._exit(1)
+        css[0].close()
+        try:
+            self.swrk = struct.unpack("i", css[1].recv(4))[0]
+        except struct.error:  # the child died before it could say its pid: CRIU never ran
+            os.waitpid(pid, 0)
+            css[1].close()
+            raise _pycriu_mod.CRIUExceptionInternal(rpc.RESTORE,
+                                                    "criu swrk did not start (cgroup join failed)") from None
+        self.sk = css[1]
+        return self.sk
 
 
-def _call(kind: str, opts, work_dir: Path, timeout: float, binary: Path = CRIU_BIN) -> CriuResult:
+def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None) -> CriuResult:
     client = pycriu.criu()
-    client.use_binary(str(binary))
+    client.use_binary(str(CRIU_BIN))
+    if cgroup_paths:
+        client._comm = _SwrkInCgroup(str(CRIU_BIN), cgroup_paths)
     client.opts.MergeFrom(opts)
     pipe = _LogPipe(work_dir)
     t0 = time.monotonic()
@@ -200,8 +234,7 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             pair = opts.veths.add()
             pair.if_in = inner
             pair.if_out = outer
-        binary = _in_cgroup_wrapper(work_dir, cgroup_paths) if cgroup_paths else CRIU_BIN
-        res = _call("restore", opts, work_dir, timeout, binary)
+        res = _call("restore", opts, work_dir, timeout, cgroup_paths)
         if not res.pid:
             raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
         return res
