@@ -29,6 +29,9 @@ _RANGE = 1000 + (os.getpid() % 300) * 48
 INSTANCE = Instance(name=f"pytest-{os.getpid()}", slot_base=_RANGE, slot_count=32)
 SPARE_SLOTS = range(_RANGE + 32, _RANGE + 48)
 SUITE_DAEMON_ENV = {"DRUMS_LIVENESS_DELAY": "3", "DRUMS_TEST_HOOKS": "1"}
+# Whichever test first starts the suite's daemon (a Client fixture, the gym env, the OSWorld provider,
+# the CLI in a subprocess) starts it with this env: the test hooks must not depend on test order.
+os.environ.update(SUITE_DAEMON_ENV)
 
 
 def require_root() -> None:
