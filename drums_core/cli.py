@@ -32,6 +32,15 @@ def _session_row(s: dict) -> dict:
             "ready_s": f"{s.get('timings', {}).get('ready', 0):.3f}"}
 
 
+def report_error(exc: DrumsError, as_json: bool, prog: str) -> int:
+    """Print a Drums error as a JSON document or one line on stderr; the exit status of a failure."""
+    if as_json:
+        print(json.dumps({"error": exc.to_wire()}, indent=1))
+    else:
+        print(f"{prog}: {exc.code}: {exc}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="drums", description="Drums: desktops you can save, restore and branch")
     parser.add_argument("--json", action="store_true", help="print a JSON document")
@@ -104,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, client)
     except DrumsError as exc:
-        if args.json:
-            print(json.dumps({"error": exc.to_wire()}, indent=1))
-        else:
-            print(f"drums: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+        return report_error(exc, args.json, "drums")
 
 
 def _run(args, client: Client) -> int:

@@ -1048,11 +1048,9 @@ def main(argv: list[str] | None = None) -> int:
             remove(args.name, progress=lambda line: print(line, file=sys.stderr, flush=True))
             data, human = {"removed": args.name}, f"removed image {args.name}"
     except DrumsError as exc:
-        if args.json:
-            print(json.dumps({"error": exc.to_wire()}, indent=1))
-        else:
-            print(f"drums image: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+        from .cli import report_error
+
+        return report_error(exc, args.json, "drums image")
     print(json.dumps(data, indent=1) if args.json else human)
     return 0
 

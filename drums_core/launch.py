@@ -58,6 +58,14 @@ def make_dev_nodes(root: str, owner: int) -> None:
         os.lchown(f"{dev}/{sub}", owner, owner)
 
 
+def _read_to_eof(fd: int) -> bytes:
+    """Everything written to a pipe until its last writer closes it."""
+    out = b""
+    while chunk := os.read(fd, 4096):
+        out += chunk
+    return out
+
+
 def _write_maps(proc_dir: int, base: int, count: int) -> None:
     for name in ("uid_map", "gid_map"):
         fd = os.open(name, os.O_WRONLY, dir_fd=proc_dir)
@@ -122,12 +130,7 @@ def _child(spec: dict, report_w: int) -> None:
         _write_maps(proc_dir, spec["id_base"], spec["id_count"])
         os.write(to_init_w, b"m")
     os.close(to_init_w)
-    status = b""
-    while True:
-        chunk = os.read(ready_r, 4096)
-        if not chunk:
-            break
-        status += chunk
+    status = _read_to_eof(ready_r)
     os.write(report_w, f"{pid}\n{status.decode(errors='replace') or 'init exited before exec'}".encode())
     os._exit(0)
 
@@ -148,12 +151,7 @@ def main() -> None:
         finally:
             os._exit(1)
     os.close(report_w)
-    report = b""
-    while True:
-        chunk = os.read(report_r, 4096)
-        if not chunk:
-            break
-        report += chunk
+    report = _read_to_eof(report_r)
     os.waitpid(child, 0)
     lines = report.decode().split("\n", 1)
     if len(lines) < 2 or lines[1] != "ok":
