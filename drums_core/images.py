@@ -250,10 +250,37 @@ def load_spec(path: str | Path) -> ImageSpec:
     return ImageSpec.from_json(data, relative_to=p.resolve().parent)
 
 
+# Specs that layers above the engine ship (drums_osworld registers ``osworld``): name -> loader.
+_REGISTERED: dict[str, Callable[[], ImageSpec]] = {}
+
+
+def register_spec(name: str, loader: Callable[[], ImageSpec]) -> None:
+    """Make ``drums image build NAME`` know a spec that a layer above the engine ships."""
+    _REGISTERED[config.check_name(name, "image name")] = loader
+
+
+def _load_entry_points() -> None:
+    """Register the specs that installed packages declare (entry point group ``drums.image_specs``:
+    ``NAME = module:function`` returning an :class:`ImageSpec`); the engine imports no layer above it."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="drums.image_specs"):
+        if ep.name not in _REGISTERED:
+            _REGISTERED[ep.name] = ep.load()
+
+
 def builtin_spec(name: str) -> ImageSpec:
+    if name not in _REGISTERED and name != config.DEFAULT_IMAGE:
+        _load_entry_points()
     if name == config.DEFAULT_IMAGE:
         return default_spec()
-    raise InvalidArgument(f"there is no built-in spec for image {name!r}; pass --spec FILE",
+    if name in _REGISTERED:
+        spec = _REGISTERED[name]()
+        if spec.name != name:
+            raise _bad(f"the spec registered as {name!r} names image {spec.name!r}")
+        return spec
+    known = ", ".join(sorted({config.DEFAULT_IMAGE, *_REGISTERED}))
+    raise InvalidArgument(f"there is no built-in spec for image {name!r} (built-in: {known}); pass --spec FILE",
                           reason="INVALID_IMAGE_SPEC")
 
 

@@ -2,8 +2,9 @@
 
 Started by :mod:`drums_core.launch` inside the new namespaces with ``--tag drums:<run>`` in its argv
 (the ledger's ownership mark). It reads the session spec from ``/etc/drums/session.json`` in the
-session root, brings up loopback, then starts, in order: Xvfb on ``:0``, the window manager, the
-session D-Bus (where dbus is installed) and the spec's programs. CRIU dumps and restores this
+session root, brings up loopback, writes the user's X authority, then starts, in order: Xvfb on
+``:0``, the window manager, the system D-Bus (when the spec asks), the session D-Bus (where dbus is
+installed) with the AT-SPI bus (when the spec asks for accessibility), and the spec's programs, each with the spec's ``env`` over the user's environment. CRIU dumps and restores this
 process with the rest of the tree; after a restore it simply goes on reaping.
 """
 from __future__ import annotations
@@ -13,12 +14,19 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import time
 
 SPEC_PATH = "/etc/drums/session.json"
 LOG_DIR = "/run/drums"
 WM_SETTLE_SECONDS = 0.2
+BUS_TIMEOUT = 10.0
+AT_SPI_LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
+# Xauthority families (X11's Xauth.h): any host, and this host by name.
+_FAMILY_WILD, _FAMILY_LOCAL = 0xFFFF, 256
+_COOKIE = b"MIT-MAGIC-COOKIE-1"
 
 
 def _user_env(spec: dict) -> dict:
@@ -28,8 +36,37 @@ def _user_env(spec: dict) -> dict:
         "PATH": spec["path"], "LANG": "C.UTF-8", "DISPLAY": ":0",
         "XDG_RUNTIME_DIR": f"/run/user/{uid}",
         "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{uid}/bus",
-        "NO_AT_BRIDGE": "1",
+        "XAUTHORITY": f"{spec['home']}/.Xauthority",
+        # toolkits export accessibility only when the session runs the AT-SPI bus
+        **({} if spec.get("accessibility") else {"NO_AT_BRIDGE": "1"}),
+        **{str(k): str(v) for k, v in (spec.get("env") or {}).items()},
     }
+
+
+def _xauth_entry(family: int, address: bytes, cookie: bytes) -> bytes:
+    def counted(b: bytes) -> bytes:
+        return struct.pack(">H", len(b)) + b
+    return struct.pack(">H", family) + counted(address) + counted(b"0") + counted(_COOKIE) + counted(cookie)
+
+
+def _write_xauthority(spec: dict) -> None:
+    """A real cookie for display 0, for any host and for this host's name, so clients (python-xlib
+    among them) find X authority details instead of warning on every start. Xvfb itself runs with
+    ``-ac``: only the session's own processes can reach its socket, and a restored sibling's new
+    hostname must not lock its clients out."""
+    cookie = os.urandom(16)
+    data = _xauth_entry(_FAMILY_WILD, b"", cookie) + _xauth_entry(_FAMILY_LOCAL, socket.gethostname().encode(), cookie)
+    path = f"{spec['home']}/.Xauthority"
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, spec["uid"], spec["uid"])
+    finally:
+        os.close(fd)
 
 
 def _start(name: str, argv: list[str], spec: dict, as_user: bool, extra_env: dict | None = None) -> subprocess.Popen:
@@ -85,6 +122,7 @@ def main() -> None:
     spec = json.load(open(SPEC_PATH))
     subprocess.run(["ip", "link", "set", "lo", "up"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=False)
+    _write_xauthority(spec)
     w, h = spec["screen"]
     _start("xvfb", ["Xvfb", ":0", "-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp", "-ac", "-noreset",
                     "+extension", "XFIXES"], spec, as_user=False)
@@ -95,9 +133,23 @@ def main() -> None:
         # openbox advertises itself before it handles requests; an Xt client (xterm) that maps in
         # that gap waits out its 5 s wmTimeout (seen in 3 of 10 cold boots; none with this pause)
         time.sleep(WM_SETTLE_SECONDS)
+    if spec.get("system_bus") and shutil.which("dbus-daemon"):
+        os.makedirs("/run/dbus", exist_ok=True)
+        # systemd's tools (timedatectl, hostnamectl, localectl) talk to their D-Bus-activated
+        # services only where sd_booted() holds, which is this directory's existence
+        os.makedirs("/run/systemd/system", exist_ok=True)
+        _start("dbus-system", ["dbus-daemon", "--system", "--nofork", "--nopidfile", "--nosyslog"], spec,
+               as_user=False)
+        _wait_path("/run/dbus/system_bus_socket", BUS_TIMEOUT)
     if spec.get("dbus") and shutil.which("dbus-daemon"):
-        _start("dbus", ["dbus-daemon", "--session", f"--address=unix:path=/run/user/{spec['uid']}/bus",
+        bus = f"/run/user/{spec['uid']}/bus"
+        _start("dbus", ["dbus-daemon", "--session", f"--address=unix:path={bus}",
                         "--nofork", "--nopidfile", "--nosyslog"], spec, as_user=True)
+        _wait_path(bus, BUS_TIMEOUT)  # programs that ask the bus at start-up (AT-SPI, PulseAudio) need it
+        if spec.get("accessibility") and os.path.exists(AT_SPI_LAUNCHER):
+            # started now, not on the first application's request: every desktop has its a11y bus
+            # (and its registry) before anything is checkpointed, so siblings each restore their own
+            _start("at-spi", [AT_SPI_LAUNCHER, "--launch-immediately"], spec, as_user=True)
     for prog in spec.get("programs", []):
         _start(prog["name"], prog["argv"], spec, as_user=prog.get("user", True), extra_env=prog.get("env"))
     while True:

@@ -13,23 +13,28 @@ from dataclasses import dataclass, field
 from drums_core.client import Client
 from drums_core.config import GUEST_PYTHON
 
+from . import image as osworld_image
 from .guest_client import GuestClient
 
 log = logging.getLogger("drums.osworld.desktop")
 
 GUEST_PORT = 5000
 DEFAULT_IMAGE = "default"
+# What a desktop of an image adds to its session spec (services, environment), by image name.
+_IMAGE_DESKTOPS = {osworld_image.NAME: osworld_image.desktop_extras}
 
 
 def desktop_spec(screen: tuple[int, int] = (1920, 1080), image: str = DEFAULT_IMAGE,
                  expect_window: str | None = None, extra_programs: list[dict] | None = None) -> dict:
     """The session spec of an OSWorld desktop: Xvfb + openbox + D-Bus + the guest server."""
-    programs = [{"name": "guest", "argv": [GUEST_PYTHON, "-m", "drums_osworld.guest",
-                                            "--port", str(GUEST_PORT)]}]
+    extras = _IMAGE_DESKTOPS[image]() if image in _IMAGE_DESKTOPS else {}
+    programs = list(extras.pop("programs", []))
+    programs += [{"name": "guest", "argv": [GUEST_PYTHON, "-m", "drums_osworld.guest",
+                                             "--port", str(GUEST_PORT)]}]
     programs += list(extra_programs or [])
     return {"image": image, "screen": [int(screen[0]), int(screen[1])], "programs": programs,
             "wait_port": GUEST_PORT, "reseed_path": "/drums/reseed", "expect_window": expect_window,
-            "ready_timeout": 120.0}
+            "ready_timeout": 120.0, **extras}
 
 
 @dataclass

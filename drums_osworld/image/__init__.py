@@ -1,0 +1,88 @@
+"""The ``osworld`` desktop image: what OSWorld's Ubuntu VM offers its tasks, from Debian 12.
+
+Built on the engine's ``default`` image (X, openbox, D-Bus, LibreOffice Writer/Calc/Impress, the
+guest's Python) with the applications OSWorld's tasks use: Chromium (as ``google-chrome``, its
+profile in ``~/.config/google-chrome``, without its own sandbox: the session is the sandbox), GIMP,
+VLC (web interface on 8080, password ``password``), Thunderbird, nautilus, socat, PulseAudio, a
+terminal on ctrl+alt+t, the GNOME settings schemas with dconf, the AT-SPI stack with ``pyatspi``,
+systemd's ``timedatectl`` answered by a D-Bus-activated ``systemd-timedated``, fonts metric-
+compatible with the Office ones, and the GTK3 LibreOffice front end (its accessibility tree).
+VS Code is not packaged for Debian: tasks that need it are reported apart.
+
+``drums image build osworld`` builds it (the engine finds this spec through the
+``drums.image_specs`` entry point); the provider, the gym env and ``drums up`` default to it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from drums_core.images import FileSpec, ImageSpec
+
+NAME = "osworld"
+BASE = "default"
+FILES = Path(__file__).resolve().parent / "files"
+TIMEZONE = "Asia/Hong_Kong"
+USER_HOME = "/home/user"
+
+PACKAGES = (
+    "chromium", "gimp", "vlc", "thunderbird", "nautilus", "socat", "gnome-terminal",
+    "pulseaudio", "pulseaudio-utils",
+    "python3-pyatspi", "gir1.2-atspi-2.0", "at-spi2-core", "libatk-adaptor", "libreoffice-gtk3",
+    "gsettings-desktop-schemas", "gnome-shell-common", "dconf-cli", "dconf-gsettings-backend", "dconf-service",
+    "libglib2.0-bin", "systemd", "tzdata", "dbus",
+    "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
+    "fonts-dejavu", "unzip", "zip", "curl",
+)
+
+# Run in the image as root, in order, after the packages are in.
+COMMANDS = (
+    # google-chrome and google-chrome-stable are the wrapper (Debian's chromium under Chrome's names)
+    "ln -sf /usr/local/bin/google-chrome /usr/local/bin/google-chrome-stable",
+    "sed 's/^Exec=chromium/Exec=google-chrome/; s/^Name=Chromium/Name=Google Chrome/' "
+    "/usr/share/applications/chromium.desktop >/usr/share/applications/google-chrome.desktop",
+    # timedatectl: the system bus activates timedated itself (no systemd as pid 1 in a session)
+    "install -m 0644 /usr/local/share/drums/timedated.service "
+    "/usr/share/dbus-1/system-services/org.freedesktop.timedate1.service",
+    f"ln -sf /usr/share/zoneinfo/{TIMEZONE} /etc/localtime && echo {TIMEZONE} >/etc/timezone",
+    # GNOME settings: a system dconf database under the user's own, with OSWorld's defaults
+    "mkdir -p /etc/dconf/profile /etc/dconf/db/local.d && printf 'user-db:user\\nsystem-db:local\\n' "
+    ">/etc/dconf/profile/user && install -m 0644 /usr/local/share/drums/dconf-defaults "
+    "/etc/dconf/db/local.d/00-drums && dconf update",
+    # ctrl+alt+t opens a terminal, as on OSWorld's Ubuntu
+    "python3 -c \"import re,pathlib; p=pathlib.Path('/etc/xdg/openbox/rc.xml'); s=p.read_text(); "
+    "k='<keybind key=\\\"C-A-t\\\"><action name=\\\"Execute\\\"><command>x-terminal-emulator</command></action></keybind>'; "
+    "p.write_text(s if 'C-A-t' in s else s.replace('<keyboard>', '<keyboard>'+k, 1))\"",
+    "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper",
+    # the user's own settings: VLC's web interface, Chrome's profile folder, no keyring prompt
+    f"mkdir -p {USER_HOME}/.config/vlc {USER_HOME}/.config/google-chrome {USER_HOME}/.local/share/keyrings "
+    f"&& install -m 0644 /usr/local/share/drums/vlcrc {USER_HOME}/.config/vlc/vlcrc "
+    f"&& touch {USER_HOME}/.local/share/keyrings/login.keyring "
+    f"&& chown -R 1000:1000 {USER_HOME}/.config {USER_HOME}/.local",
+    "rm -rf /usr/local/share/drums",
+)
+
+
+def osworld_spec() -> ImageSpec:
+    """The spec of the ``osworld`` image (see the module's docstring)."""
+    files = (
+        FileSpec(str(FILES / "google-chrome"), "/usr/local/bin/google-chrome", 0o755),
+        FileSpec(str(FILES / "vlcrc"), "/usr/local/share/drums/vlcrc", 0o644),
+        FileSpec(str(FILES / "dconf-defaults"), "/usr/local/share/drums/dconf-defaults", 0o644),
+        FileSpec(str(FILES / "timedated.service"), "/usr/local/share/drums/timedated.service", 0o644),
+    )
+    return ImageSpec(name=NAME, base=BASE, packages=PACKAGES, files=files, commands=COMMANDS)
+
+
+# PulseAudio as OSWorld's VM runs it, on a null sink (a session has no sound card): ``pactl`` and
+# the VLC tasks' audio work; no realtime priority (no rtkit in a session), never exits when idle.
+PULSEAUDIO = ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "--realtime=no", "--high-priority=no",
+              "--log-target=stderr"]
+
+
+def desktop_extras() -> dict:
+    """What a desktop of this image adds to the session spec: the system bus (timedatectl), the
+    AT-SPI bus with toolkits exporting to it (LibreOffice through its GTK3 front end), PulseAudio."""
+    return {"system_bus": True, "accessibility": True,
+            "env": {"SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
+                    "GTK_MODULES": "gail:atk-bridge"},
+            "programs": [{"name": "pulseaudio", "argv": PULSEAUDIO}]}
