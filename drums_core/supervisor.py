@@ -56,6 +56,9 @@ class SessionSpec:
     screen: tuple[int, int] = (1920, 1080)
     window_manager: str = "openbox"
     dbus: bool = True
+    system_bus: bool = False  # a system D-Bus in the session (timedatectl and other system services)
+    accessibility: bool = False  # the AT-SPI bus, and toolkits export their accessibility trees to it
+    env: dict = field(default_factory=dict)  # over the user's environment, for every program
     programs: list[dict] = field(default_factory=list)
     wait_port: int | None = None
     reseed_path: str | None = None
@@ -90,6 +93,11 @@ class SessionSpec:
         for size in (spec.tmp_size, spec.shm_size, spec.run_size, spec.writable_size):
             if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
                 raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
+        if not isinstance(spec.env, dict) or len(spec.env) > 64 or not all(
+                isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", k) and isinstance(v, str)
+                and len(v) <= 4096 and "\0" not in v for k, v in spec.env.items()):
+            raise InvalidArgument("bad env: at most 64 NAME=value strings (names of letters, digits and _)",
+                                  reason="BAD_SPEC")
         if not isinstance(spec.limits, dict) or set(spec.limits) - set(cgroups.Limits.__dataclass_fields__):
             raise InvalidArgument(f"bad limits {spec.limits!r}: use memory_max, memory_high, pids_max, cpu_weight",
                                   reason="BAD_SPEC")
@@ -284,6 +292,7 @@ class Supervisor:
     def _init_spec(self, s: Session) -> dict:
         return {"uid": SESSION_UID, "user": SESSION_USER, "home": f"/home/{SESSION_USER}", "path": SESSION_PATH,
                 "screen": list(s.spec.screen), "window_manager": s.spec.window_manager, "dbus": s.spec.dbus,
+                "system_bus": s.spec.system_bus, "accessibility": s.spec.accessibility, "env": s.spec.env,
                 "programs": s.spec.programs, "session": s.id}
 
     def _prepare_dirs(self, s: Session) -> tuple[Path, Path, Path]:
