@@ -63,8 +63,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .errors import DrumsError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from . import config, procs
+from .errors import DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ MIRROR_LINES = (
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
 # Part of every spec_hash (with the customisation's own text): bump it to rebuild every image.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: no device nodes in /dev but the six a session has
 # The guest environment's PyPI packages, pinned with their closure (installed with --no-deps; the
 # rest comes from Debian through --system-site-packages).
 GUEST_PIP = (
@@ -751,9 +751,37 @@ printf '# sessions have no name service\\n' >/etc/resolv.conf
 """
 
 
+# The only device nodes an image keeps in /dev: a session makes these six in its upper anyway.
+SESSION_DEV_NODES = frozenset({"null", "zero", "full", "random", "urandom", "tty"})
+
+
+def _strip_dev_nodes(rootfs: Path) -> int:
+    """Remove the image's other device nodes (console, ptmx, ... from debootstrap): they would be
+    the host's devices, and the overlay (index=on) could not even hide them in a session, since it
+    copies a node up before removing it, which the session's devices cgroup denies.
+
+    Done from the host on the image's own directory, after every chroot has ended: inside the
+    chroot /dev is a bind of the host's /dev. Refuses anything but a plain directory on the
+    image's filesystem, and never descends."""
+    dev = rootfs / "dev"
+    st = os.lstat(dev)
+    mounted = procs.mounts_within(procs.read_mountinfo(), [os.path.realpath(dev)])
+    if not stat.S_ISDIR(st.st_mode) or st.st_dev != os.lstat(rootfs).st_dev or mounted:
+        raise Internal(f"{dev} is not a plain directory of the image; not touching it", reason="IMAGE_BUILD_FAILED")
+    removed = 0
+    with os.scandir(dev) as entries:
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and entry.name not in SESSION_DEV_NODES:
+                os.unlink(entry.path)
+                removed += 1
+    return removed
+
+
 def _finish(b: _Builder) -> None:
     b.say("cleaning apt caches ...")
     b.chroot(_FINISH_SCRIPT, "cleanup")
+    b.say(f"removed {_strip_dev_nodes(b.rootfs)} device node(s) from /dev")
 
 
 def _verify(b: _Builder) -> dict[str, str]:

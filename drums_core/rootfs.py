@@ -77,9 +77,14 @@ def _escape_layer(path: str) -> str:
 
 
 def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Path) -> None:
-    """The session root (``:``, ``,`` and ``\\`` in layer paths escaped as overlay's option parser wants)."""
+    """The session root (``:``, ``,`` and ``\\`` in layer paths escaped as overlay's option parser wants).
+
+    ``index=on,nfs_export=on`` make the overlay's file handles openable again: CRIU dumps an
+    inotify watch (the system bus's on ``/usr/share/dbus-1/system.d``, a file manager's on the home
+    folder) by opening its handle, and without them it must guess the path from a scan of a few
+    folders, which fails for most of what desktop applications watch ("Can't dump that handle")."""
     lowerdir = ":".join(_escape_layer(str(p)) for p in lowers)
-    opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on"
+    opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on,index=on,nfs_export=on"
     linux.mount("overlay", str(target), "overlay", 0, opts)
     linux.mount("none", str(target), None, linux.MS_PRIVATE)
 

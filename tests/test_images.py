@@ -391,3 +391,29 @@ def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swap
             (d / "rootfs/tmp").mkdir(parents=True, exist_ok=True)
             (d / "rootfs/tmp/session-started").touch()
         worker.join(timeout=600)
+
+
+def test_strip_dev_nodes_removes_only_the_images_own_top_level_nodes(tmp_path: Path) -> None:
+    """The image's /dev loses its device nodes but the six a session keeps; a /dev that is a mount
+    (inside a build's chroot it is the host's /dev) is refused and nothing in it is touched."""
+    root = tmp_path / "rootfs"
+    (root / "dev" / "pts").mkdir(parents=True)
+    for name, dev in (("console", (5, 1)), ("ptmx", (5, 2)), ("null", (1, 3)), ("pts/deep", (5, 1))):
+        os.mknod(root / "dev" / name, 0o600 | stat.S_IFCHR, os.makedev(*dev))
+    (root / "dev" / "fd").symlink_to("/proc/self/fd")
+    assert images._strip_dev_nodes(root) == 2
+    assert sorted(p.name for p in (root / "dev").iterdir()) == ["fd", "null", "pts"]
+    assert (root / "dev" / "pts" / "deep").exists()  # never descends
+
+    decoy = tmp_path / "hostdev"
+    decoy.mkdir()
+    os.mknod(decoy / "vda", 0o600 | stat.S_IFBLK, os.makedev(254, 0))
+    target = tmp_path / "bound"
+    (target / "dev").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(decoy), str(target / "dev")], check=True)
+    try:
+        with pytest.raises(images.Internal, match="not a plain directory"):
+            images._strip_dev_nodes(target)
+        assert (decoy / "vda").exists()
+    finally:
+        subprocess.run(["umount", str(target / "dev")], check=True)

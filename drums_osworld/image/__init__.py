@@ -79,10 +79,17 @@ PULSEAUDIO = ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "--realtime
               "--log-target=stderr"]
 
 
+# Thunderbird's child processes would each enter user, ipc and net namespaces of their own (its
+# sandbox), which CRIU cannot dump ("Can't dump nested ipc namespace"): as with Chromium, the
+# session is the sandbox.
+MOZILLA_NO_SANDBOX = {f"MOZ_DISABLE_{part}_SANDBOX": "1"
+                      for part in ("CONTENT", "GMP", "RDD", "SOCKET_PROCESS", "UTILITY", "GPU")}
+
+
 def desktop_extras() -> dict:
     """What a desktop of this image adds to the session spec: the system bus (timedatectl), the
     AT-SPI bus with toolkits exporting to it (LibreOffice through its GTK3 front end), PulseAudio."""
     return {"system_bus": True, "accessibility": True,
             "env": {"SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
-                    "GTK_MODULES": "gail:atk-bridge"},
+                    "GTK_MODULES": "gail:atk-bridge", **MOZILLA_NO_SANDBOX},
             "programs": [{"name": "pulseaudio", "argv": PULSEAUDIO}]}
