@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from drums_core.client import Client
 
     from .desktop import Desktop
+    from .setup_journal import Journal, SetupReport
     from .tasks import Task
 
 log = logging.getLogger("drums.osworld.gym")
@@ -431,6 +432,15 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             ``download`` steps read); each env works on a private copy of it.
         a11y_max_length: longest accessibility tree kept (characters).
         render_mode: ``None`` or ``"rgb_array"`` (``render()`` grabs the screen as an array).
+        strict_setup: a failed setup step raises :class:`~drums_osworld.setup_journal.SetupFailed`
+            from ``reset`` (default: ``$DRUMS_STRICT_SETUP``). Otherwise ``reset`` returns and
+            ``info["setup"]`` says what failed: the attempt is invalid, and it is never scored
+            (``evaluate`` raises ``SetupFailed``; the last step's ``info["score"]`` is None and
+            ``info["invalid"]`` names the step and the error).
+        network: the desktop's network policy (:mod:`drums_core.netpolicy`): ``"none"`` (no route
+            out), ``"nat:<upstream>[:<dns>,...]"`` or a dict like ``{"policy": "nat", "upstream":
+            "eth1", "dns": [...]}``. Default: ``$DRUMS_NETWORK``, else ``none``. Bad input raises
+            :class:`~drums_core.errors.InvalidArgument` (``BAD_NETWORK``) here.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 1}
@@ -440,11 +450,16 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
                  require_a11y_tree: bool = False, max_steps: int | None = 15, pause: float = 2.0,
                  client: Client | None = None, instance: str | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, a11y_max_length: int = A11Y_MAX,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, strict_setup: bool | None = None,
+                 network: str | Mapping[str, Any] | None = None) -> None:
         EzPickle.__init__(self, task=task, reuse=reuse, screen_size=screen_size,
                           require_a11y_tree=require_a11y_tree, max_steps=max_steps, pause=pause,
                           client=client, instance=instance, cache_dir=cache_dir,
-                          a11y_max_length=a11y_max_length, render_mode=render_mode)
+                          a11y_max_length=a11y_max_length, render_mode=render_mode, strict_setup=strict_setup,
+                          network=network)
+        from .provider.images import network_key
+
+        self.network = network_key(dict(network) if isinstance(network, Mapping) else network)
         if reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, not {reuse!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -494,6 +509,10 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._last_score: float | None = None
         self._closed = False
         self.restore_info: dict[str, Any] | None = None
+        from .setup_journal import strict_default
+
+        self.strict_setup = strict_default() if strict_setup is None else bool(strict_setup)
+        self._setup_report: SetupReport | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -545,6 +564,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         task = self._task
         family = self._ensure_family()
         self._episode_over = True  # until this reset succeeds
+        self._setup_report = None
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         state = family.post_setup.get(_task_key(task)) if self.reuse == "post_setup" else None
@@ -556,6 +576,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             self._adopt(desktop, state)
             self._dirty = bool(task.config)
             source = "post_setup_restore"
+            self._setup_report = self._read_setup_report() if task.config else None
         else:
             if self._desktop is None or self._dirty:
                 self._drop_desktop()
@@ -568,13 +589,10 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             if task.config:
                 self._dirty = True  # also when the setup fails half way
             t = time.monotonic()
-            from .evaluation import run_setup
-
-            run_setup(task.config, self._desktop.guest, task_cache_dir=self._task_cache(),
-                      client_password=SESSION_PASSWORD, screen_size=self.screen_size)
+            self._setup_report = self._run_setup(task)
             timings["setup"] = time.monotonic() - t
             source = "setup"
-            if self.reuse == "post_setup":
+            if self.reuse == "post_setup" and self._setup_report.ok:  # a failed setup is never reused
                 t = time.monotonic()
                 state = self._save(None)
                 family.post_setup[_task_key(task)] = state
@@ -586,6 +604,11 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         obs = self.observe()
         timings["total"] = time.monotonic() - t0
         info = {"task_id": task.id, "session": self._desktop.id, "source": source, "seconds": timings}
+        report = self.setup_report
+        if report is not None:
+            info["setup"] = report.to_json()
+            if not report.ok:
+                info["invalid"] = report.describe()
         return obs, info
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
@@ -620,10 +643,16 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         reward = 0.0
         if terminated or truncated:
             self._episode_over = True
-            t = time.monotonic()
-            reward = self.evaluate()
-            seconds["evaluate"] = time.monotonic() - t
-            info["score"] = reward
+            report = self.setup_report
+            if report is not None and not report.ok:  # an invalid attempt: no score, not a 0
+                info["score"] = None
+                info["invalid"] = report.describe()
+                info["setup"] = report.to_json()
+            else:
+                t = time.monotonic()
+                reward = self.evaluate()
+                seconds["evaluate"] = time.monotonic() - t
+                info["score"] = reward
         info["seconds"] = seconds
         return obs, reward, terminated, truncated, info
 
@@ -674,7 +703,15 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         if self._desktop is None or self._task is None:
             raise ResetNeeded("call reset() first")
         from .evaluation import evaluate
+        from .setup_journal import SetupFailed
 
+        report = self.setup_report
+        if report is not None and not report.ok:
+            raise SetupFailed(report, self._task.id)
+        if self._task.evaluator.get("postconfig"):
+            journal = self._journal()
+            journal.begin("postconfig")  # so postconfig calls do not land in the setup's record
+            journal.close()
         last = self._history[-1] if self._history else None
         score = float(evaluate(self._task, self._desktop.guest, last, cache_dir=self._cache_base(),
                                client_password=SESSION_PASSWORD, screen_size=self.screen_size))
@@ -759,10 +796,77 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         assert self._task is not None
         return self._cache_base() / self._task.id
 
+    @property
+    def setup_report(self) -> SetupReport | None:
+        """How the current desktop's task setup went (None: the task has no setup, or no desktop).
+        A desktop restored from a saved state (a branch) reports the setup that state was made with."""
+        if self._setup_report is None and self._desktop is not None and self._task is not None \
+                and self._task.config:
+            self._setup_report = self._read_setup_report()
+        return self._setup_report
+
+    def _journal(self) -> Journal:
+        from .setup_journal import Journal
+
+        assert self._desktop is not None
+        return Journal(self._desktop.guest.base_url)
+
+    def _read_setup_report(self) -> SetupReport:
+        from .setup_journal import missing_apps_for
+
+        journal = self._journal()
+        try:
+            report = journal.read(label="setup")
+        finally:
+            journal.close()
+        if not report.ok:
+            report.missing_apps = missing_apps_for(self._task.raw if self._task else None, self._image())
+        return report
+
+    def _image(self) -> str | None:
+        try:
+            return str(self._desktop.session["spec"]["image"]) if self._desktop is not None else None
+        except (KeyError, TypeError):
+            return None
+
+    def _run_setup(self, task: Task) -> SetupReport:
+        """The task's setup on the current desktop, journaled in its guest; raises what run_setup
+        raises (after noting it), and :class:`SetupFailed` when strict and a step failed."""
+        from .evaluation import SetupError, run_setup
+        from .setup_journal import SetupFailed, missing_apps_for
+
+        journal = self._journal()
+        try:
+            mark = journal.begin("setup") if task.config else None
+            try:
+                run_setup(task.config, self._desktop.guest, task_cache_dir=self._task_cache(),
+                          client_password=SESSION_PASSWORD, screen_size=self.screen_size,
+                          on_step=journal.step if mark is not None else None)
+            except SetupError as exc:
+                if mark is not None:
+                    journal.note(exc.step_index, exc.step_type, str(exc))
+                raise
+            if mark is None:
+                return SetupReport(label="no setup")
+            report = journal.read(mark)
+        finally:
+            journal.close()
+        if not report.ok:
+            report.missing_apps = missing_apps_for(task.raw, self._image())
+            log.warning("task %s: %s", task.id, report.describe())
+            if self.strict_setup:
+                raise SetupFailed(report, task.id)
+        return report
+
     def _boot_desktop(self) -> Desktop:
         from .desktop import Desktop
 
-        return Desktop.boot(self.client, screen=self.screen_size)
+        if not self.network:
+            return Desktop.boot(self.client, screen=self.screen_size)
+        from .desktop import desktop_spec
+
+        return Desktop(self.client, self.client.create({**desktop_spec(self.screen_size),
+                                                        "network": json.loads(self.network)}))
 
     def _restore_desktops(self, snapshot: str, n: int, wait_live: bool = False) -> list[Desktop]:
         from .desktop import Desktop

@@ -16,7 +16,10 @@ or ``WAIT``/``DONE``/``FAIL``. One script for N branches runs it on every branch
 stops before ``DONE``/``FAIL`` is scored where it stops; one that ends early skips the rest.
 
 The snapshot is not deleted (it is the caller's); every sibling is destroyed before returning.
-The exit status is 0 when every branch ran and was scored, 1 otherwise, 2 for bad arguments.
+A state whose task setup failed (the guest's setup log, :mod:`drums_osworld.setup_journal`) gives
+invalid branches: ``invalid`` names the failed step and its error, no action runs and no score is
+given (never a 0). The exit status is 0 when every branch ran and was scored, 1 otherwise (an
+invalid branch included), 2 for bad arguments.
 """
 from __future__ import annotations
 
@@ -62,6 +65,8 @@ class BranchResult:
     score: float | None = None
     terminated: bool = False
     error: str | None = None
+    invalid: str | None = None
+    setup: dict[str, Any] | None = None
     liveness: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -95,7 +100,8 @@ class Rollouts:
         rows = [{"branch": b.branch, "name": b.name, "score": "-" if b.score is None else f"{b.score:g}",
                  "steps": f"{b.actions_run}/{len(b.actions)}",
                  "actions_s": f"{b.timings.get('actions', 0.0):.2f}", "eval_s": f"{b.timings.get('evaluate', 0.0):.2f}",
-                 "status": "error: " + (b.error or "")[:60] if b.error else (b.liveness or "ok")}
+                 "status": ("error: " + (b.error or "")[:60] if b.error else
+                            "invalid: " + (b.invalid or "")[:60] if b.invalid else (b.liveness or "ok"))}
                 for b in self.branches]
         cols = ["branch", "name", "score", "steps", "actions_s", "eval_s", "status"]
         widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
@@ -106,6 +112,7 @@ class Rollouts:
         lines.append(f"{len(self.branches)} branches of state {self.state} (task {self.task}): restored at once in "
                      f"{self.timings.get('restore', 0.0):.2f} s; mean score {mean}; "
                      f"{sum(1 for s in scored if s == 1.0)}/{len(self.branches)} scored 1; "
+                     f"{sum(1 for b in self.branches if b.invalid)} invalid (setup failed); "
                      f"total {self.timings.get('total', 0.0):.1f} s")
         return "\n".join(lines)
 
@@ -229,6 +236,15 @@ def _run_branch(i: int, env: DrumsDesktopEnv, script: Script, task: Any, state: 
         r.timings["ready"] = float(ready)   # this sibling's own restore, daemon side
     t_branch = time.monotonic()
     done = 0
+    report = env.setup_report  # how the setup of the state these siblings come from went
+    if report is not None:
+        r.setup = report.to_json()
+        if not report.ok:  # an invalid attempt: not run, never scored
+            r.invalid = report.describe()
+            log.warning("branch %d (%s) is invalid: %s", i, script.name, r.invalid)
+            tick(len(script.actions) + 1)
+            r.timings["total"] = time.monotonic() - t_branch
+            return r
     try:
         env.observe()
         r.screenshots["start"] = _write_png(shots / "start.png", env.last_screenshot_png)

@@ -14,8 +14,10 @@ stays an ordinary environment.
 so OSWorld's import-time ``.env``/proxy-file lookups find nothing) and returns what the snippet
 passed to ``emit(obj)`` (the last call), decoded from JSON.
 
-Run ``python tests/osworld_harness.py`` to pre-install. This module imports only the standard
-library, so both pytest and the venv itself can import it.
+Run ``python tests/osworld_harness.py`` to pre-install (``--evaluators`` adds the real evaluator
+dependencies that ``drums bench osworld-tasks`` needs, :data:`EVALUATOR_DEPENDENCIES`: the bench
+runs without the stubs). This module imports only the standard library, so both pytest and the venv
+itself can import it.
 """
 from __future__ import annotations
 
@@ -63,6 +65,28 @@ LIGHT_DEPENDENCIES = [
     "beautifulsoup4",
     "Pillow~=11.0",
     "flask~=3.0",
+]
+
+# What OSWorld's getters and metrics really import, for `drums bench osworld-tasks`, which runs
+# without the stubs (``python tests/osworld_harness.py --evaluators``). Only easyocr (and the torch
+# it pulls in: ~3 GB) stays out: no task of the committed offline list reaches it
+# (compare_image_text only), and the bench checks that statically (drums_osworld/bench/osworld_reach.py).
+# Playwright is the Python package alone: the Chrome getters connect over CDP, no browser download.
+EVALUATOR_DEPENDENCIES = [
+    "numpy>=1.26,<2",
+    "pandas>=2.2,<2.3",
+    "Pillow~=11.0",
+    "playwright",
+    "opencv-python-headless<4.12",
+    "scikit-image",
+    "scipy",
+    "ImageHash",
+    "pymupdf~=1.26.0",
+    "borb",
+    "fastdtw",
+    "pyacoustid",
+    "pydrive",
+    "librosa",
 ]
 
 # Heavy imports replaced by stubs (top-level names). Anything else must really be installed.
@@ -201,6 +225,31 @@ def ensure_osworld_venv(venv: Path = VENV, *, quiet: bool = True) -> Path:
         return venv
 
 
+def ensure_evaluators(venv: Path = VENV, *, quiet: bool = True) -> Path:
+    """The venv with OSWorld's real evaluator dependencies (EVALUATOR_DEPENDENCIES) installed too."""
+    venv = ensure_osworld_venv(venv, quiet=quiet)
+    marker = venv / ".drums-osworld-evaluators"
+    want = hashlib.sha256(json.dumps(EVALUATOR_DEPENDENCIES).encode()).hexdigest()[:16]
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and marker.read_text().strip() == want:
+            return venv
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+        if quiet:
+            pip.append("-q")
+        subprocess.run(pip + EVALUATOR_DEPENDENCIES, check=True, stdout=subprocess.DEVNULL if quiet else None)
+        probe = ("import sys, types; sys.modules['easyocr'] = types.ModuleType('easyocr'); "
+                 "import desktop_env.desktop_env; print('ok')")
+        env = osworld_env(venv)
+        env.pop("PYTHONPATH")  # no stubs
+        r = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env, capture_output=True, text=True,
+                           cwd=tempfile.gettempdir(), timeout=600)
+        if r.returncode != 0 or not r.stdout.strip().endswith("ok"):
+            raise RuntimeError(f"{venv}: desktop_env does not import without the stubs: {r.stderr[-2000:]}")
+        marker.write_text(want + "\n")
+        return venv
+
+
 def osworld_env(venv: Path = VENV, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a process in the venv: the stubs on PYTHONPATH, no proxies."""
     env = {k: v for k, v in os.environ.items()
@@ -240,7 +289,7 @@ def run_osworld(snippet: str, *, env: dict[str, str] | None = None, timeout: flo
 
 
 if __name__ == "__main__":
-    path = ensure_osworld_venv(quiet=False)
+    path = ensure_evaluators(quiet=False) if "--evaluators" in sys.argv[1:] else ensure_osworld_venv(quiet=False)
     print(run_osworld("""
         import desktop_env, importlib.metadata as md, sys
         import desktop_env.desktop_env  # the heaviest import chain

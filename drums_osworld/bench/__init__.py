@@ -16,6 +16,8 @@ fanout         1, 4, 8, 16 siblings restored at once: wall time until all are re
 soak           16-way fan-outs until >= 1000 restores: failures (with CRIU's error), leaks after
 step           round trip of a gym-like step (pyautogui action + screenshot) and of /screenshot
 osworld        per-rollout reset through DesktopEnv(provider_name="drums"): reuse none vs post_setup
+osworld-tasks  OSWorld's task set (--tasks DIR) on untouched desktops, reset + evaluate in both reuse
+               modes, every task classified (clean, needs app, setup/evaluator error, ...)
 profile        where a restore's time goes, phase by phase, inside and outside CRIU
 =============  ==================================================================================
 
@@ -39,6 +41,7 @@ SUITES = {
     "soak": ("fanout", "run_soak"),
     "step": ("step", "run_step"),
     "osworld": ("osworld", "run_osworld"),
+    "osworld-tasks": ("osworld_tasks", "run_osworld_tasks"),
     "profile": ("profile", "run_profile"),
     "cluster": ("cluster", "run_cluster"),
 }
@@ -63,6 +66,17 @@ def _parser() -> argparse.ArgumentParser:
                                                           "/opt/drums/osworld-venv/bin/python)")
     p.add_argument("--slot-base", type=int, default=300, help="first of the 100 slots the suites may use "
                                                               "(default 300)")
+    t = p.add_argument_group("osworld-tasks")
+    t.add_argument("--tasks", type=Path, default=None, help="OSWorld's evaluation_examples directory")
+    t.add_argument("--image", default=None, help="desktop image (default: default)")
+    t.add_argument("--modes", default=None, help="reuse modes, comma-separated (default none,post_setup)")
+    t.add_argument("--domains", default=None, help="only these domains, comma-separated")
+    t.add_argument("--limit", type=int, default=None, help="a sample of N tasks, spread over the domains")
+    t.add_argument("--only", default=None, help="only these tasks (ids or id prefixes, comma-separated)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    t.add_argument("--task-timeout", type=float, default=None, help="seconds per task and mode (default 420)")
+    t.add_argument("--skip-missing-apps", action="store_true",
+                   help="do not run tasks needing an application the image lacks (they are still counted)")
     return p
 
 

@@ -70,6 +70,8 @@ def plot(result: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if spec.get("kind") == "stacked":
+        return _stacked(result, spec, path, plt)
     series = {k: [float(x) for x in v if x is not None] for k, v in spec["series"].items()}
     width = 9.0 if spec.get("kind") == "line" else max(6.0, 1.3 * len(series) + 3)
     fig, ax = plt.subplots(figsize=(width, 4.5), dpi=110)
@@ -96,6 +98,28 @@ def plot(result: dict, path: Path) -> Path | None:
     ax.set_ylabel(spec.get("ylabel", ""))
     ax.set_title(spec.get("title", result["suite"]), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _stacked(result: dict, spec: dict, path: Path, plt) -> Path:
+    """Horizontal stacked bars: one bar per series, one segment per class (``spec["classes"]``)."""
+    names = list(spec["series"])
+    classes = spec.get("classes") or sorted({c for v in spec["series"].values() for c in v})
+    fig, ax = plt.subplots(figsize=(10.0, max(3.0, 0.32 * len(names) + 1.5)), dpi=110)
+    left = [0.0] * len(names)
+    for cls in classes:
+        vals = [float(spec["series"][n].get(cls, 0)) for n in names]
+        ax.barh(names, vals, left=left, label=cls)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel(spec.get("ylabel", ""))
+    ax.set_title(spec.get("title", result["suite"]), fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

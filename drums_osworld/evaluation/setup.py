@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,7 @@ class _Runner:
 def run_setup(steps: Sequence[Mapping[str, Any]], guest: Any, *, task_cache_dir: str | os.PathLike[str],
               client_password: str = "password", screen_size: tuple[int, int] = (1920, 1080),
               strict: bool = False, probe_timeout: float | None = 100.0,
-              until_timeout: float = 600.0) -> None:
+              until_timeout: float = 600.0, on_step: Callable[[int, str], None] | None = None) -> None:
     """Run ``steps`` (a task's ``config`` or ``postconfig``) in order against ``guest``.
 
     ``task_cache_dir`` is the task's cache directory (``<cache base>/<task id>``): where
@@ -235,7 +235,8 @@ def run_setup(steps: Sequence[Mapping[str, Any]], guest: Any, *, task_cache_dir:
     OSWorld's ``/terminal`` probe; ``None`` skips it), else
     :class:`~drums_osworld.guest_client.GuestUnavailable` and nothing ran. A step that fails raises
     :class:`SetupError` naming it (a transport failure is its ``__cause__`` and gives its
-    ``reason``); the steps before it keep their effects.
+    ``reason``); the steps before it keep their effects. ``on_step(index, type)`` is called before
+    each step (the gym env tags the guest's setup log with it).
     """
     unknown = [(i, s.get("type")) for i, s in enumerate(steps) if s.get("type") not in SUPPORTED_STEP_TYPES]
     if unknown:
@@ -254,6 +255,8 @@ def run_setup(steps: Sequence[Mapping[str, Any]], guest: Any, *, task_cache_dir:
         stype = step["type"]
         params = dict(step.get("parameters") or {})
         logger.info("setup step %d/%d: %s %r", i + 1, len(steps), stype, params)
+        if on_step is not None:
+            on_step(i, stype)
         try:
             getattr(runner, stype)(**params)
         except SetupError as exc:

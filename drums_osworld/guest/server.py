@@ -582,8 +582,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
 
     @app.route("/accessibility", methods=["GET"])
     def accessibility():
-        xml, source = a11y.accessibility_tree(g.xc)
-        return jsonify({"AT": xml, "source": source})
+        return jsonify(a11y.accessibility_reply(g.xc))
 
     @app.route("/terminal", methods=["GET"])
     def terminal():
