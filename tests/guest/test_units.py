@@ -14,7 +14,7 @@ import pytest
 from guestlib import GuestServer
 from PIL import Image
 
-from drums_osworld.guest import a11y
+from drums_osworld.guest import a11y, a11y_atspi, a11y_xml
 from drums_osworld.guest.commands import Runner
 from drums_osworld.guest.screen import encode_png
 
@@ -118,14 +118,15 @@ def fake_atspi(monkeypatch):
     app = FakeNode("application", "gnome-terminal-server", attrs={"toolkit": "gtk"},
                    children=[frame])
     desktop = FakeNode("desktop frame", "main", children=[app])
-    monkeypatch.setattr(a11y, "_pyatspi", _fake_pyatspi(desktop))
+    monkeypatch.setattr(a11y_atspi, "_pyatspi", _fake_pyatspi(desktop))
     return desktop
 
 
 def test_atspi_tree_form(fake_atspi):
-    xml = a11y.atspi_tree()
-    root = ET.fromstring(xml)
-    assert root.tag == "desktop-frame" and root.get(AT + "drums-source") == "atspi"
+    tree = a11y_atspi.atspi_tree()
+    assert tree.truncated == [] and tree.nodes == 4
+    root = ET.fromstring(tree.xml)
+    assert root.tag == "desktop-frame" and root.attrib == {}  # OSWorld's root has no attributes
     app = root.find("application")
     assert app.get("name") == "gnome-terminal-server" and app.get(AT + "toolkit") == "gtk"
     frame = app.find("frame")
@@ -135,20 +136,49 @@ def test_atspi_tree_form(fake_atspi):
     assert a11y.terminal_output() == ("$ ls\nfile", "atspi")
 
 
+def test_atspi_walk_is_bounded(monkeypatch):
+    """An app claiming a wide and deep tree: the walk stops at the node budget, the XML stays valid."""
+    class Endless(FakeNode):
+        def __init__(self, depth):
+            super().__init__("panel", f"n<{depth}>\x01", states=[3, 4, 5], ext=(0, 0, 1, 1))
+            self.depth = depth
+
+        @property
+        def childCount(self):
+            return 2**31 - 1
+
+        def getChildAtIndex(self, i):
+            return Endless(self.depth + 1)
+
+    desktop = FakeNode("desktop frame", "main", children=[Endless(1)])
+    monkeypatch.setattr(a11y_atspi, "_pyatspi", _fake_pyatspi(desktop))
+    monkeypatch.setattr(a11y_atspi, "MAX_NODES", 500)
+    tree = a11y_atspi.atspi_tree()
+    root = ET.fromstring(tree.xml)
+    assert tree.truncated == ["more than 500 nodes"] and tree.nodes == 501
+    assert len(list(root.iter())) == 502  # the root, the 500 counted and the one that went over
+    depth, el = 0, root
+    while len(el):
+        el, depth = el[0], depth + 1
+    assert depth == a11y_atspi.MAX_DEPTH  # the first branch went all the way down, then stopped
+
+
 def test_no_atspi_means_x11(monkeypatch):
-    monkeypatch.setattr(a11y, "_pyatspi", None)
-    monkeypatch.setattr(a11y, "_pyatspi_failed", True)
-    assert a11y.atspi_tree() is None
+    monkeypatch.setattr(a11y_atspi, "_pyatspi", None)
+    monkeypatch.setattr(a11y_atspi, "_pyatspi_failed", True)
+    assert a11y_atspi.atspi_tree() is None
     assert a11y.terminal_output() == (None, "none")
 
 
 def test_xml_escaping_of_hostile_titles():
-    n = a11y.Node("frame", {"name": 'a"<b>&\x01\x1f', a11y.st("showing"): "true"}, "t<\x00>")
-    root = a11y.Node("desktop-frame")
+    n = a11y_xml.Node("frame", {"name": 'a"<b>&\x01\x1f\n', a11y_xml.st("showing"): "true",
+                                a11y_xml.at("1 bad key"): "v", a11y_xml.at("1-bad-key"): "dup"}, "t<\x00>")
+    root = a11y_xml.Node("desktop-frame")
     root.children.append(n)
     parsed = ET.fromstring(root.tostring())
     f = parsed.find("frame")
-    assert f.get("name") == 'a"<b>&' and f.text == "t<>" and f.get(ST + "showing") == "true"
+    assert f.get("name") == 'a"<b>&\n' and f.text == "t<>" and f.get(ST + "showing") == "true"
+    assert f.get(AT + "x-1-bad-key") == "v"  # made a valid name; the repeat after cleaning is dropped
 
 
 # ---------------------------------------------------------------------------------------------
