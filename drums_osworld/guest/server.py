@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import flask
 from flask import Flask, Response, jsonify, request, send_file
 from werkzeug.exceptions import HTTPException
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from . import a11y, windows
+from . import a11y, setup_log, windows
 from .commands import CommandTimeout, Runner
 from .recording import Recorder, RecordingError
 from .screen import DisplayUnavailable, XConnection
@@ -65,6 +66,7 @@ ENDPOINTS = {
     "/run_bash_script": ("POST", "PythonController.run_bash_script"),
     "/drums/reseed": ("POST", "Drums engine after restore"),
     "/drums/health": ("GET", "Drums engine and tests"),
+    "/drums/setup_log": ("GET", "Drums provider, gym env, rollouts: how the last setup went (guest/setup_log.py)"),
 }
 
 LIBREOFFICE_EXTENSIONS = {
@@ -184,6 +186,7 @@ class Guest:
         self.recorder = Recorder(self.workdir, self.xc.name, self.xc.screen_size)
         self.started_at = time.time()
         self.reseeds = 0
+        self.setup_log = setup_log.SetupLog(self.runner.exit_status)
         self._reseed_lock = threading.Lock()
 
     def close(self) -> None:
@@ -249,6 +252,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     g = Guest(cfg)
     app = Flask("drums_osworld.guest")
     app.extensions["drums_guest"] = g
+    setup_log.install(app, g.setup_log)
     app.config["MAX_CONTENT_LENGTH"] = None
 
     # -- errors ------------------------------------------------------------------------------
@@ -371,7 +375,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
                 and platform.machine().lower() in ("arm64", "aarch64", "aarch32"):
             command[command.index("google-chrome")] = "chromium"
         try:
-            g.runner.launch(command, shell)
+            flask.g.drums_launch_pid = g.runner.launch(command, shell)  # the setup log watches its exit
         except OSError as exc:
             raise ApiError(500, str(exc)) from None
         shown = command if shell else " ".join(command)
