@@ -32,6 +32,42 @@ def _session_row(s: dict) -> dict:
             "ready_s": f"{s.get('timings', {}).get('ready', 0):.3f}"}
 
 
+def _ago(t: float | None) -> str:
+    import time
+
+    if not t:
+        return "-"
+    s = max(0.0, time.time() - t)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def _moved(a: dict) -> str:
+    return (f"{a['action']} {a['id'][:12]} {a.get('name') or '-'} ({a.get('retention')}, "
+            f"{a['size'] / 2**20:.1f} MiB, last used {_ago(a.get('last_used'))} ago, {a.get('why')})")
+
+
+def _snapshots_text(rows: list[dict], store: dict) -> str:
+    mib = 2**20
+    table = [{"id": s["id"][:12], "name": s.get("name") or "-", "scope": s["scope"], "state": s["state"],
+              "keep": s.get("retention", "pinned"), "where": s.get("location", "memory"),
+              "size_mib": f"{s['size'] / mib:.1f}", "layers": len(s["layers"]),
+              "last_used": _ago(s.get("last_used")), "held_by": s.get("in_use") or (
+                  f"{len(s['children'])} child(ren)" if s.get("children") else "-")} for s in rows]
+    head = (f"store: {store['used'] / mib:.0f} MiB of {store['budget'] / mib:.0f} MiB budget in memory "
+            f"({store['budget_source']}), {store['on_disk'] / mib:.0f} MiB spilled to disk "
+            f"({store.get('spill_dir') or 'spilling off'}); {store['snapshots']} snapshots "
+            f"({store['cache']} cache, {store['pinned']} pinned, {store['spilled']} on disk); "
+            f"{store['evicted']} evicted, {store['spilled_total']} spilled, {store['store_full']} refused "
+            f"(STORE_FULL) so far")
+    lines = [head, _table(table, ["id", "name", "scope", "state", "keep", "where", "size_mib", "layers",
+                                  "last_used", "held_by"])]
+    if store.get("recent"):
+        lines.append("recent evictions and spills:")
+        lines += [f"  {_ago(a.get('time'))} ago: {_moved(a)} for {str(a.get('for') or '-')[:12]}"
+                  for a in store["recent"]]
+    return "\n".join(lines)
+
+
 def report_error(exc: DrumsError, as_json: bool, prog: str) -> int:
     """Print a Drums error as a JSON document or one line on stderr; the exit status of a failure."""
     if as_json:
@@ -49,12 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--program", action="append", default=[], help="a program to start (shell words)")
     up.add_argument("--expect-window", default=None)
     up.add_argument("--screen", default="1920x1080")
+    up.add_argument("--network", default=None,
+                    help="none (default), nat:<upstream>[:<dns>,...] or a JSON object (README: Network)")
+    up.add_argument("--upstream", default=None, help="nat: the host interface sessions reach the outside through")
+    up.add_argument("--dns", action="append", default=None, help="nat: a DNS server for the session (repeatable)")
+    up.add_argument("--allow", action="append", default=None,
+                    help="nat: a private network the session may reach, e.g. 192.168.7.0/24 (repeatable)")
     sub.add_parser("ls", help="list sessions")
     cp = sub.add_parser("checkpoint", help="checkpoint a session")
     cp.add_argument("session")
     cp.add_argument("--name")
     cp.add_argument("--snapshot-id")
     cp.add_argument("--leave-running", action="store_true")
+    cp.add_argument("--cache", action="store_true", help="the store may evict it when nothing uses it")
     rs = sub.add_parser("restore", help="restore (branch) a snapshot")
     rs.add_argument("snapshot")
     rs.add_argument("--count", type=int, default=1)
@@ -70,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--user", default=None)
     ex.add_argument("--timeout", type=float, default=120.0)
     ex.add_argument("argv", nargs="*", help="the command, after --")
-    sub.add_parser("snapshots", help="list snapshots with sizes")
+    sub.add_parser("snapshots", help="list snapshots with sizes, the store's budget and its evictions")
     dsn = sub.add_parser("delete-snapshot", help="delete a snapshot nobody uses")
     dsn.add_argument("snapshot")
+    sps = sub.add_parser("spill", help="move a snapshot nobody uses to disk now")
+    sps.add_argument("snapshot")
     au = sub.add_parser("audit", help="what two sessions share")
     au.add_argument("a")
     au.add_argument("b")
@@ -122,7 +167,11 @@ def _run(args, client: Client) -> int:
     if args.cmd == "up":
         w, h = (int(x) for x in args.screen.lower().split("x"))
         programs = [{"name": f"p{i}", "argv": shlex.split(p)} for i, p in enumerate(args.program)]
-        s = client.create({"programs": programs, "expect_window": args.expect_window, "screen": [w, h]})
+        from .netpolicy import from_options
+
+        network = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
+        s = client.create({"programs": programs, "expect_window": args.expect_window, "screen": [w, h],
+                           "network": network})
         _out(args, s, f"{s['id']} {s['address']} (ready in {s['timings']['ready']:.2f}s)")
     elif args.cmd == "ls":
         rows = client.list()
@@ -130,8 +179,9 @@ def _run(args, client: Client) -> int:
                                 ["id", "state", "address", "display", "snapshot", "liveness", "ready_s"]))
     elif args.cmd == "checkpoint":
         snap = client.checkpoint(args.session, name=args.name, snapshot_id=args.snapshot_id,
-                                 leave_running=args.leave_running)
-        _out(args, snap, snap["id"])
+                                 leave_running=args.leave_running, cache=args.cache)
+        moved = (snap.get("store") or {}).get("actions") or []
+        _out(args, snap, "\n".join([snap["id"], *(f"  {_moved(a)}" for a in moved)]))
     elif args.cmd == "restore":
         sess = client.restore(args.snapshot, count=args.count, wait_live=args.wait_live,
                               expect_window=args.expect_window)
@@ -154,12 +204,13 @@ def _run(args, client: Client) -> int:
         return int(res["returncode"])
     elif args.cmd == "snapshots":
         rows = client.snapshots()
-        table = [{"id": s["id"], "name": s.get("name") or "-", "scope": s["scope"], "state": s["state"],
-                  "size_mib": f"{s['size'] / 2**20:.1f}", "layers": len(s["layers"]),
-                  "dump_s": f"{s.get('dump_seconds', 0):.3f}"} for s in rows]
-        _out(args, rows, _table(table, ["id", "name", "scope", "state", "size_mib", "layers", "dump_s"]))
+        store = client.store()
+        _out(args, {"store": store, "snapshots": rows}, _snapshots_text(rows, store))
     elif args.cmd == "delete-snapshot":
         _out(args, client.delete_snapshot(args.snapshot), f"deleted {args.snapshot}")
+    elif args.cmd == "spill":
+        res = client.spill_snapshot(args.snapshot)
+        _out(args, res, f"{res['action']}: {res['id']} ({res['size'] / 2**20:.1f} MiB)")
     elif args.cmd == "audit":
         res = client.audit(args.a, args.b)
         human = "\n".join(f"{s['kind']:8} {s['target']} {'(harmless)' if s['harmless'] else 'SHARED'}"

@@ -135,9 +135,12 @@ class Client:
         return self.call("create", spec=spec or {})
 
     def checkpoint(self, session: str, name: str | None = None, snapshot_id: str | None = None,
-                   leave_running: bool = False, scope: str | None = None) -> dict:
+                   leave_running: bool = False, scope: str | None = None, cache: bool = False) -> dict:
+        """The snapshot's record; ``store.actions`` lists what was evicted or spilled to make room.
+        ``cache``: the store may evict it when nothing uses it (a state the caller can make again)."""
+        args = {"cache": True} if cache else {}  # a daemon of an older version accepts the call unchanged
         return self.call("checkpoint", session=session, name=name, snapshot_id=snapshot_id,
-                         leave_running=leave_running, scope=scope)
+                         leave_running=leave_running, scope=scope, **args)
 
     def restore(self, snapshot: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
                 scope: str | None = None, min_nonblank: float = 0.0) -> list[dict]:
@@ -179,10 +182,19 @@ class Client:
         return self.call("audit", a=a, b=b)
 
     def snapshots(self) -> list[dict]:
+        """Every snapshot, with ``location`` (memory/disk), ``last_used``, ``children`` and ``in_use``."""
         return self.call("snapshots")
+
+    def store(self) -> dict:
+        """The store's budget and use, and its recent evictions and spills (see drums_core.storebudget)."""
+        return self.call("store")
 
     def snapshot(self, ref: str, scope: str | None = None) -> dict:
         return self.call("snapshot", snapshot=ref, scope=scope)
+
+    def spill_snapshot(self, ref: str) -> dict:
+        """Move a snapshot nothing uses to the instance's spill directory on disk now."""
+        return self.call("spill_snapshot", snapshot=ref)
 
     def delete_snapshot(self, ref: str) -> dict:
         return self.call("delete_snapshot", snapshot=ref)

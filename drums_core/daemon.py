@@ -103,8 +103,10 @@ class Daemon:
         if op == "create":
             return sup.create(args.get("spec"))
         if op == "checkpoint":
-            return sup.checkpoint(args["session"], name=args.get("name"), snapshot_id=args.get("snapshot_id"),
-                                  leave_running=bool(args.get("leave_running", False)), scope=args.get("scope"))
+            snap = sup.checkpoint(args["session"], name=args.get("name"), snapshot_id=args.get("snapshot_id"),
+                                  leave_running=bool(args.get("leave_running", False)), scope=args.get("scope"),
+                                  cache=bool(args.get("cache", False)))
+            return {**snap.to_dict(), "store": getattr(snap, "store_report", None)}
         if op == "restore":
             return sup.restore(args["snapshot"], count=int(args.get("count", 1)),
                                wait_live=bool(args.get("wait_live", False)), expect_window=args.get("expect_window"),
@@ -134,14 +136,16 @@ class Daemon:
             layer_devs = {os.stat("/").st_dev, os.stat(self.instance.state_dir).st_dev}
             return sharing_audit(sup.get(args["a"]).init_pid, sup.get(args["b"]).init_pid, layer_devs)
         if op == "snapshots":
-            return [s.to_dict() for s in sup.store.list()]
+            return sup.keeper.describe()
+        if op == "store":
+            return sup.keeper.status()
+        if op == "spill_snapshot":
+            return sup.keeper.spill_now(sup.store.resolve(args["snapshot"], args.get("scope")).id)
         if op == "snapshot":
             return sup.store.resolve(args["snapshot"], args.get("scope"))
         if op == "delete_snapshot":
             snap = sup.store.resolve(args["snapshot"], args.get("scope"), any_boot=True)
-            users = [s.id for s in sup.sessions.values() if snap.id in (s.snapshot or "") or
-                     str(sup.store.path(snap.id) / "layer") in s.layers]
-            sup.store.delete(snap.id, users)
+            sup.keeper.delete(snap.id)
             return {"deleted": snap.id}
         if op == "stats":
             return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}

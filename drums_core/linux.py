@@ -71,5 +71,15 @@ def sethostname(name: str) -> None:
     _check(_libc.sethostname(raw, len(raw)), "sethostname")
 
 
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
+
+
+def rename_exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE): at no instant does either name miss."""
+    _check(_libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE),
+           f"renameat2({a}, {b}, RENAME_EXCHANGE)")
+
+
 def prctl(option: int, arg2: int = 0) -> int:
     return _check(_libc.prctl(option, ctypes.c_ulong(arg2), 0, 0, 0), f"prctl({option})")

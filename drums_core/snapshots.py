@@ -7,9 +7,13 @@ On disk, under the state directory::
     snapshots/.staging/<id>/{images/, layer/}          images moved, upper frozen into the layer
     snapshots/<id>/{images/, layer/, manifest.json}    published: files complete, manifest last
     snapshots/<id>/COMMITTED                          committed: served to restores
+    snapshots/<id>/LAST_USED                          its mtime: the last restore (for the store budget)
+    snapshots/<id> -> <spill>/<id>                    spilled: the same files on disk, through a symlink
+    snapshots/.rm-<id>                                retired (evicted or deleted): never served, purged
 
 A snapshot is usable only on the boot it was made on (``boot_id``): CRIU images name kernel
-objects that do not survive a reboot.
+objects that do not survive a reboot. The byte budget, eviction and spilling are policy, in
+:mod:`drums_core.storebudget`; this module does the moves, each one crash-safe on its own.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ COMMITTED = "COMMITTED"
 DUMPED = "DUMPED"
 BROKEN = "BROKEN"
 MANIFEST = "manifest.json"
+LAST_USED = "LAST_USED"
+RETENTIONS = ("pinned", "cache")
 
 
 def boot_id() -> str:
@@ -69,6 +75,7 @@ class Snapshot:
     state: str = "published"
     image_hash: str | None = None  # content hash of the image the session ran on (None: made over the host's /)
     id_base: int | None = None     # host id of the session's uid 0 (files in its layers are owned from there)
+    retention: str = "pinned"      # "cache": the store may evict it when nothing uses it (see storebudget)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -94,11 +101,20 @@ def _freeze_upper(upper: Path, layer: Path) -> None:
     os.rename(tmp, layer)
 
 
+def _copy_tree(src: Path, dst: Path) -> None:
+    """``cp -a`` without following any symlink: overlay's whiteouts, xattrs and owners kept."""
+    out = subprocess.run(["cp", "-a", "--no-dereference", "--", str(src), str(dst)], capture_output=True, text=True,
+                         check=False)
+    if out.returncode != 0:
+        raise OSError(errno.EIO, f"copying {src} failed: {out.stderr.strip()[-500:]}")
+
+
 class SnapshotStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, spill_root: Path | None = None) -> None:
         self.root = root
         self.staging_root = root / ".staging"
         self.staging_root.mkdir(parents=True, exist_ok=True)
+        self.spill_root = spill_root  # where spilled snapshots live on disk (None: no spilling)
 
     def staging(self, sid: str) -> Path:
         return self.staging_root / sid
@@ -244,10 +260,102 @@ class SnapshotStore:
         if children or in_use_by_sessions:
             raise FailedPrecondition(f"snapshot {sid} is in use by snapshots {children} and sessions "
                                      f"{in_use_by_sessions}", reason="SNAPSHOT_IN_USE")
-        d = self.path(snap.id)
-        retired = self.root / f".rm-{snap.id}"
-        os.rename(d, retired)
+        self.purge(self.retire(snap.id))
+
+    # ------------------------------------------------------------ last use, retire, spill
+    def touch(self, sid: str) -> None:
+        """Record a use now (the LAST_USED file's mtime): one small write, on restore."""
+        p = self.path(sid) / LAST_USED
+        try:
+            os.utime(p)
+        except FileNotFoundError:
+            p.touch()
+
+    def last_used(self, snap: Snapshot) -> float:
+        try:
+            return max(snap.created, (self.path(snap.id) / LAST_USED).stat().st_mtime)
+        except OSError:
+            return snap.created
+
+    def is_spilled(self, sid: str) -> bool:
+        return self.path(sid).is_symlink()
+
+    def retire(self, sid: str) -> Path:
+        """Take a snapshot out of service in one rename (``.rm-<id>``): from here no lookup finds it,
+        so a crash can leave it half-deleted only where nothing reads. :meth:`purge` finishes."""
+        retired = self.root / f".rm-{sid}"
+        os.rename(self.path(sid), retired)
+        return retired
+
+    def _spill_target(self, link: Path) -> Path | None:
+        """Where a store symlink points, if it is a spilled snapshot of ours (else None: left alone)."""
+        try:
+            target = Path(os.readlink(link))
+        except OSError:
+            return None
+        if self.spill_root is None or target.parent != self.spill_root or target.name.startswith("."):
+            return None
+        return target
+
+    def purge(self, retired: Path) -> None:
+        """Delete a retired snapshot: its images first, then the rest (a spilled one: its disk copy,
+        then the link). Re-entrant: a purge cut short is finished by the next one (or by recover)."""
+        from . import faults
+
+        if retired.is_symlink():
+            target = self._spill_target(retired)
+            if target is not None:
+                shutil.rmtree(target, ignore_errors=True)
+            retired.unlink()
+            return
+        if (retired / "images").exists():
+            shutil.rmtree(retired / "images", ignore_errors=True)
+        faults.hit("purge-mid-delete")
         shutil.rmtree(retired, ignore_errors=True)
+
+    def spill(self, sid: str, still_unused) -> bool:
+        """Move a snapshot's files to ``<spill root>/<id>`` and swap ``snapshots/<id>`` for a symlink to
+        them in one atomic exchange, taken only while ``still_unused()`` (called under the caller's lock
+        at the swap) says yes. Returns whether it moved. Each step is undone or finished by :meth:`recover`
+        after a crash: a copy not swapped in is dropped, an old directory swapped out is purged."""
+        from . import faults, linux
+
+        if self.spill_root is None:
+            raise FailedPrecondition("no spill directory is configured", reason="SPILL_DISABLED")
+        src = self.path(sid)
+        if src.is_symlink():
+            return False
+        snap = self._load(src)
+        self.spill_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp, final, link = self.spill_root / f".tmp-{sid}", self.spill_root / sid, self.root / f".spill-{sid}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o700)
+        try:
+            _copy_tree(src / "images", tmp / "images")
+            faults.hit("spill-mid-copy")
+            _copy_tree(src / "layer", tmp / "layer")
+            for p in sorted(src.iterdir()):
+                if p.name not in ("images", "layer"):
+                    _copy_tree(p, tmp / p.name)
+            for name, size in snap.files.items():
+                if (tmp / "images" / name).stat().st_size != size:
+                    raise OSError(errno.EIO, f"spilled copy of {sid}: {name} is not {size} bytes")
+            os.rename(tmp, final)
+            os.symlink(final, link)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
+            if link.is_symlink():
+                link.unlink()
+            raise
+        faults.hit("spill-copied")
+        if not still_unused(lambda: linux.rename_exchange(link, src)):
+            link.unlink()
+            shutil.rmtree(final, ignore_errors=True)
+            return False
+        faults.hit("spill-swapped")
+        self.purge(link)  # now the old directory
+        return True
 
     def recover(self) -> dict:
         """At daemon start: drop staging leftovers, commit published snapshots whose files verify."""
@@ -264,8 +372,23 @@ class SnapshotStore:
             shutil.rmtree(d, ignore_errors=True)
             report["staging_removed"] += 1
         for d in list(self.root.iterdir()):
+            if d.name.startswith(".spill-"):  # a symlink: the swap did not happen; a directory: it did
+                if d.is_symlink():
+                    target = self._spill_target(d)
+                    d.unlink()
+                    if target is not None:
+                        shutil.rmtree(target, ignore_errors=True)
+                else:
+                    self.purge(d)
+                report["spill_undone"] = report.get("spill_undone", 0) + 1
+        for d in list(self.root.iterdir()):
+            if not d.name.startswith(".") and d.is_symlink() and not (d / MANIFEST).exists():
+                d.unlink()  # a spilled snapshot whose disk copy is gone: nothing left to serve
+                report["dangling"] = report.get("dangling", 0) + 1
+                continue
             if d.name.startswith(".rm-"):
-                shutil.rmtree(d, ignore_errors=True)
+                self.purge(d)
+                report["purged"] = report.get("purged", 0) + 1
                 continue
             if d.name.startswith(".") or not (d / MANIFEST).exists() or (d / COMMITTED).exists():
                 continue
@@ -274,4 +397,22 @@ class SnapshotStore:
                 report["committed"] += 1
             except Internal:
                 report["broken"] += 1
+        report["spill_orphans"] = self._drop_spill_orphans()
         return report
+
+    def _drop_spill_orphans(self) -> int:
+        """Spilled copies no store link names (a copy never swapped in, or one from an earlier boot,
+        whose tmpfs store is gone): deleted. Only entries of this store's own spill directory."""
+        if self.spill_root is None or not self.spill_root.is_dir():
+            return 0
+        named = {t.name for t in (self._spill_target(p) for p in self.root.iterdir() if p.is_symlink()) if t}
+        dropped = 0
+        for p in list(self.spill_root.iterdir()):
+            if p.name in named:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
+            dropped += 1
+        return dropped

@@ -33,6 +33,7 @@ from .ledger import Ledger
 from .procs import mount_key
 from .sessionprocs import ProcessInfo, is_alive, kill_tree_under, session_processes, starttime, wait_dead
 from .snapshots import Snapshot, SnapshotStore, boot_id
+from .storebudget import BudgetConfig, StoreKeeper
 
 log = logging.getLogger("drums.supervisor")
 
@@ -208,7 +209,9 @@ class Supervisor:
         for d in (instance.sessions_dir, instance.snapshots_dir, instance.images_dir, instance.ledger_root):
             d.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.create(instance.ledger_root, self.run)
-        self.store = SnapshotStore(instance.snapshots_dir)
+        budget = BudgetConfig.from_env(instance.state_dir, instance.name)
+        self.store = SnapshotStore(instance.snapshots_dir, spill_root=budget.spill_root)
+        self.keeper = StoreKeeper(self.store, budget, self._stacked_on, instance.state_dir / "store-journal.jsonl")
         self.cgroups = cgroups.detect()
         threading.Thread(target=self._watch_oom, name="oom-watch", daemon=True).start()
         self.nft_table = nft_table_name(self.run)
@@ -254,6 +257,11 @@ class Supervisor:
         if snap.id_base != ID_BASE:
             raise FailedPrecondition(f"snapshot {snap.id} was made with id base {snap.id_base}, this host uses "
                                      f"{ID_BASE} (DRUMS_ID_BASE)", reason="ID_BASE_MISMATCH")
+
+    def _stacked_on(self) -> tuple[set, set]:
+        """What live sessions stack on: their layers' paths, and the snapshots they were restored from."""
+        sessions = list(self.sessions.values())
+        return {layer for s in sessions for layer in s.layers}, {s.snapshot for s in sessions if s.snapshot}
 
     def get(self, sid: str) -> Session:
         if not isinstance(sid, str):
@@ -535,13 +543,19 @@ class Supervisor:
 
     # ----------------------------------------------------------------- checkpoint
     def checkpoint(self, sid: str, name: str | None = None, snapshot_id: str | None = None,
-                   leave_running: bool = False, scope: str | None = None) -> Snapshot:
-        """CRIU-dump the session and freeze its upper into a layer; idempotent on (session, snapshot id)."""
+                   leave_running: bool = False, scope: str | None = None, cache: bool = False) -> Snapshot:
+        """CRIU-dump the session and freeze its upper into a layer; idempotent on (session, snapshot id).
+
+        ``cache``: the caller can make this state again, so the store may evict it when nothing uses
+        it (see :mod:`drums_core.storebudget`); otherwise it is pinned (never evicted, maybe spilled).
+        The snapshot's ``store_report`` lists what was evicted or spilled to make room for it."""
         if name is not None:
             check_name(name, "snapshot name")
         if snapshot_id is not None:
             check_name(snapshot_id, "snapshot id")
         params = {"session": sid, "name": name, "leave_running": bool(leave_running), "scope": scope or sid}
+        if cache:
+            params["retention"] = "cache"
         snap_id = snapshot_id or uuid.uuid4().hex
         existing = self._existing_checkpoint(snap_id, params)
         if existing is not None:
@@ -562,8 +576,16 @@ class Supervisor:
                 raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
             try:
                 existing = self._existing_checkpoint(snap_id, params)
-                snap = existing if existing is not None else self._checkpoint_locked(s, snap_id, name, params,
-                                                                                     leave_running)
+                if existing is not None:
+                    snap = existing
+                else:
+                    with self.keeper.hold(snap_id, must_exist=False):
+                        try:
+                            snap = self._checkpoint_locked(s, snap_id, name, params, leave_running)
+                        finally:
+                            moved = self.keeper.release(snap_id)
+                        moved += self.keeper.settle(snap_id)
+                    snap.store_report = {"actions": moved, "budget": self.keeper.config.budget}
             finally:
                 s.lock.release()
             flight.done(snap)
@@ -575,16 +597,33 @@ class Supervisor:
             with self._lock:
                 self._checkpoints.pop(snap_id, None)
 
-    def _check_store_room(self, s: Session) -> None:
-        """Refuse (Unavailable, nothing touched) a checkpoint whose images and layer could not fit in the
-        instance's store: its memory in use plus its writable layer's use, with 64 MiB to spare."""
+    def _check_store_room(self, s: Session, snap_id: str) -> None:
+        """Make room in the instance's store for a checkpoint's images and layer (its session's anonymous
+        and shared memory plus its writable layer's use), evicting or spilling what nothing uses; else
+        Unavailable STORE_FULL with nothing touched (see :mod:`drums_core.storebudget`)."""
+        from .storebudget import MARGIN
+
         rw = os.statvfs(Path(s.dir) / "rw")
-        need = (rw.f_blocks - rw.f_bfree) * rw.f_frsize + (s.cgroup.memory_current() if s.cgroup else 0) + (64 << 20)
+        need = (rw.f_blocks - rw.f_bfree) * rw.f_frsize + self._dump_estimate(s)
+        self.keeper.make_room(need, snap_id)
         st = os.statvfs(self.instance.state_dir)
         free = st.f_bavail * st.f_frsize
-        if need > free:
+        if need + MARGIN > free:
             raise Unavailable(f"the state store has {free >> 20} MiB free; a checkpoint of {s.id} may need "
                               f"{need >> 20} MiB", reason="STORE_FULL", detail={"free": free, "need": need})
+
+    @staticmethod
+    def _dump_estimate(s: Session) -> int:
+        """What CRIU will write for the session: its anonymous and shared (tmpfs, shm) memory."""
+        if s.cgroup is None:
+            return 0
+        try:
+            stat = cgroups.parse_keyed(Path(s.cgroup._dir("memory"), "memory.stat").read_text())
+        except (OSError, DrumsError):
+            return s.cgroup.memory_current()
+        if s.cgroup.driver == "v2":
+            return stat.get("anon", 0) + stat.get("shmem", 0)
+        return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
 
     def _existing_checkpoint(self, snap_id: str, params: dict) -> Snapshot | None:
         try:
@@ -604,7 +643,7 @@ class Supervisor:
                            leave_running: bool) -> Snapshot:
         """stage (dump, move images, freeze the upper) -> publish (rename) -> commit (record)."""
         t0 = time.monotonic()
-        self._check_store_room(s)
+        self._check_store_room(s, snap_id)
         self._set_state(s, State.CHECKPOINTING)
         staging = self.store.staging(snap_id)
         self.ledger.record("op", f"checkpoint/{snap_id}", session=s.id, snapshot=snap_id, staging=str(staging))
@@ -644,7 +683,8 @@ class Supervisor:
         snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
                         layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
                         params=params, processes=procs, windows=titles, spec=asdict(s.spec),
-                        dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE)
+                        dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE,
+                        retention=params.get("retention", "pinned"))
         self.store.mark_dumped(snap, upper=str(Path(s.dir) / "rw/upper"), root=s.root)
         faults.hit("checkpoint-after-dump")
         wait_dead(s.init_pid, s.init_start, timeout=10)
@@ -685,8 +725,20 @@ class Supervisor:
             raise InvalidArgument("min_nonblank must be a number in [0, 1)", reason="BAD_NONBLANK")
         if expect_window is not None and not isinstance(expect_window, str):
             raise InvalidArgument("expect_window must be a string", reason="BAD_WINDOW")
-        snap = self.store.resolve(ref, scope)
+        try:
+            snap = self.store.resolve(ref, scope)
+        except NotFound as exc:
+            evicted = self.keeper.evicted_error(ref)
+            if evicted is None:
+                raise
+            raise evicted from exc
         self.check_snapshot_image(snap)
+        with self.keeper.hold(snap.id):  # not evicted nor spilled while its siblings are being set up
+            self.store.touch(snap.id)
+            return self._restore_all(snap, count, wait_live, expect_window, min_nonblank)
+
+    def _restore_all(self, snap: Snapshot, count: int, wait_live: bool, expect_window: str | None,
+                     min_nonblank: float) -> list[Session]:
         results: list[Session | BaseException | None] = [None] * count
 
         def one(i: int) -> None:

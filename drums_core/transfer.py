@@ -47,7 +47,7 @@ from pathlib import Path
 
 from .config import check_name
 from .errors import DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
-from .snapshots import BROKEN, COMMITTED, DUMPED, MANIFEST, Snapshot, SnapshotStore, boot_id, write_atomic
+from .snapshots import BROKEN, COMMITTED, DUMPED, LAST_USED, MANIFEST, Snapshot, SnapshotStore, boot_id, write_atomic
 
 log = logging.getLogger("drums.transfer")
 
@@ -136,9 +136,14 @@ def pack(store: SnapshotStore, sid: str, dest: str | os.PathLike[str], *, skip: 
     tmp = dest.with_name(f".{dest.name}.part")
     with tempfile.TemporaryDirectory(prefix="drums-bundle-") as meta:
         (Path(meta) / BUNDLE_MANIFEST).write_text(json.dumps(manifest, indent=1))
-        excludes = [f"--exclude={i}/{marker}" for i in sent for marker in (COMMITTED, BROKEN, IMPORTED, DUMPED)]
+        excludes = [f"--exclude={i}/{marker}" for i in sent
+                    for marker in (COMMITTED, BROKEN, IMPORTED, DUMPED, LAST_USED)]
+        members: list[str] = []
+        for i in sent:  # a spilled snapshot is read where it lives on disk (under the same name)
+            where = store.path(i).resolve().parent if store.is_spilled(i) else store.root
+            members += ["-C", str(where), check_name(i, "snapshot id")]
         argv = [TAR, "--create", "--file=-", *_TAR_COMMON, "--anchored", *excludes, "-C", meta, BUNDLE_MANIFEST,
-                "-C", str(store.root), "--", *sent]
+                *members]
         h = hashlib.sha256()
         size = 0
         try:

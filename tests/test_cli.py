@@ -37,7 +37,8 @@ def test_cli_round_trip(client, drums_instance, tmp_path):
     sibs = json.loads(drums(drums_instance, "--json", "restore", "cli-snap", "--count", "2").stdout)
     assert len(sibs) == 2
     listing = json.loads(drums(drums_instance, "--json", "snapshots").stdout)
-    assert any(s["id"] == snap_id and s["name"] == "cli-snap" for s in listing)
+    assert any(s["id"] == snap_id and s["name"] == "cli-snap" for s in listing["snapshots"])
+    assert listing["store"]["budget"] > 0 and listing["store"]["used"] >= listing["snapshots"][0]["size"]
     assert "cli-snap" in drums(drums_instance, "snapshots").stdout
     audit = json.loads(drums(drums_instance, "--json", "audit", sibs[0]["id"], sibs[1]["id"]).stdout)
     assert audit["unexpected"] == []

@@ -17,7 +17,10 @@ For every window, on its own daemon instance (own state tmpfs, socket, slot rang
    sweep windows it is first run with ``DRUMS_FAULT_AT=sweep-*`` and must die, then rerun);
 6. P1..P6 are checked, a further sweep must be a no-op; not gating, ``X1`` lists directories of the
    run the sweep left (session dirs, snapshot staging dirs) and ``N1`` checks that a fresh daemon on
-   the same instance still restores the snapshot (the host is not poisoned);
+   the same instance still restores the snapshot (the host is not poisoned); for the snapshot
+   store's windows (``evict``/``spill``) ``S1`` then checks the store that daemon recovered: every
+   snapshot it serves verifies whole, nothing retired or half-swapped is left, the spill directory
+   holds only what the store links, and the victim is whole or gone (gating for those windows);
 7. the instance is stopped and removed whatever happened (``tests.conftest.stop_instance``, then
    anything still there is removed by force and reported in the row).
 
@@ -42,6 +45,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,7 +96,9 @@ class Window:
 
     ``op``: ``restore``; ``restore-fail`` (inject a readiness failure, then restore); ``checkpoint``
     and ``destroy`` (of a session the faulty daemon restored first); ``sweep`` (the daemon dies at
-    ``daemon_window``, then the sweep is killed at ``name`` and rerun).
+    ``daemon_window``, then the sweep is killed at ``name`` and rerun); ``evict`` (under a budget of
+    2.5 snapshots, a restored session is checkpointed as a cache state, then another one must evict
+    it); ``spill`` (under a budget of 1.5 snapshots, a cold session's checkpoint must spill the base).
     """
 
     name: str
@@ -126,6 +132,12 @@ WINDOWS: tuple[Window, ...] = (
     Window("destroy-after-kill", "destroy"),
     Window("destroy-before-cgroup-remove", "destroy"),
     Window("destroy-after-unmount", "destroy"),
+    Window("evict-before-retire", "evict", "xterm"),
+    Window("evict-retired", "evict", "xterm"),
+    Window("purge-mid-delete", "evict", "xterm"),
+    Window("spill-mid-copy", "spill", "xterm"),
+    Window("spill-copied", "spill", "xterm"),
+    Window("spill-swapped", "spill", "xterm"),
     Window("sweep-after-kill", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-after-unmount", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-before-cgroup-remove", "sweep", "xterm", daemon_window="restore-after-register"),
@@ -396,7 +408,14 @@ def build_snapshot(inst: Instance, spec_name: str) -> dict:
     snap = healthy.checkpoint(s["id"])
     healthy.shutdown(destroy_sessions=True)
     _wait(lambda: not procs.is_alive(info["pid"]), 30)
-    return {"snapshot": snap["id"], "run": info["run"], "session": s["id"]}
+    return {"snapshot": snap["id"], "run": info["run"], "session": s["id"], "size": snap["size"]}
+
+
+STORE_OPS = {"evict": 2.5, "spill": 1.5}  # the faulty daemon's store budget, in base snapshots
+
+
+def spill_dir(inst: Instance) -> Path:
+    return Path("/var/lib/drums/spill") / inst.name
 
 
 def sweep_cli(ledger_root: Path, fault: str | None = None, timeout: float = 180) -> dict:
@@ -473,8 +492,9 @@ class WindowRun:
         extra = {k: v for k, v in self.criteria.items() if k not in CRITERIA}
         if extra:
             self.row["extra"] = extra
-        ok = all(self.criteria[c]["pass"] for c in CRITERIA) and not any(n.startswith("harness error")
-                                                                            for n in self.notes)
+        gating = CRITERIA + (("S1",) if self.w.op in STORE_OPS else ())
+        ok = all(self.criteria.get(c, {"pass": False})["pass"] for c in gating) and not any(
+            n.startswith("harness error") for n in self.notes)
         self.row["pass"] = ok
         self.row["status"] = "PASS" if ok else "FAIL"
         if self.notes:
@@ -499,6 +519,7 @@ class WindowRun:
         t = time.monotonic()
         base = build_snapshot(self.inst, w.spec)
         self.snapshot = base["snapshot"]
+        self.base_size = base["size"]
         self.row["setup_seconds"] = round(time.monotonic() - t, 2)
         left = Ledger.runs(self.inst.ledger_root)
         if left:
@@ -513,7 +534,11 @@ class WindowRun:
 
     def _fault(self, base: dict) -> bool:
         w, inst = self.w, self.inst
-        faulty = Client(inst, daemon_env=daemon_env(w.daemon_fault), timeout=CLIENT_TIMEOUT)
+        env = daemon_env(w.daemon_fault)
+        if w.op in STORE_OPS:
+            env.update(DRUMS_STORE_BUDGET=str(int(STORE_OPS[w.op] * self.base_size)), DRUMS_STORE_MEM_FLOOR="0",
+                       DRUMS_SPILL_DIR=str(spill_dir(inst)))
+        faulty = Client(inst, daemon_env=env, timeout=CLIENT_TIMEOUT)
         info = faulty.ping()
         self.run = info["run"]
         self.row["run"] = self.run
@@ -527,6 +552,21 @@ class WindowRun:
                 self.row["session"] = r["id"]
                 stage = "the armed operation"
                 outcome = faulty.checkpoint(r["id"]) if w.op == "checkpoint" else faulty.destroy(r["id"])
+            elif w.op == "evict":
+                stage = "the checkpoint of a cache state before the armed operation"
+                (r,) = faulty.restore(self.snapshot)
+                self.victim = faulty.checkpoint(r["id"], cache=True)["id"]
+                (r,) = faulty.restore(self.snapshot)
+                self.row["session"] = r["id"]
+                stage = "the armed operation"
+                outcome = faulty.checkpoint(r["id"])
+            elif w.op == "spill":
+                stage = "the cold boot before the armed operation"
+                s = faulty.create(SPECS[w.spec])
+                self.row["session"] = s["id"]
+                self.victim = self.snapshot
+                stage = "the armed operation"
+                outcome = faulty.checkpoint(s["id"])
             elif w.op == "restore-fail":
                 faulty.call("inject", point="restore-readiness", times=1)
                 outcome = faulty.restore(self.snapshot)
@@ -634,6 +674,8 @@ class WindowRun:
         self.criteria["P5"] = _criterion(not hurt, hurt)
         if os.environ.get("DRUMS_FW_NEXT", "1") == "1":
             self.criteria["N1"] = self._next_daemon_restores()
+            if self.w.op in STORE_OPS:
+                self.criteria["S1"] = self._store_consistent()
             hurt = self.decoys.problems()
             if hurt and self.criteria["P5"]["pass"]:
                 self.criteria["N1"] = _criterion(False, {"next daemon hurt the decoys": hurt,
@@ -766,6 +808,32 @@ class WindowRun:
         except Exception as exc:  # noqa: BLE001 - reported in the row
             return _criterion(False, repr(exc)[:1000])
 
+    def _store_consistent(self) -> dict:
+        """S1 (store windows): the store as the next daemon recovered it serves only whole snapshots."""
+        from drums_core.snapshots import SnapshotStore
+
+        store = SnapshotStore(self.inst.snapshots_dir, spill_root=spill_dir(self.inst))
+        problems: list[str] = []
+        left = [p.name for p in store.root.iterdir() if p.name.startswith((".rm-", ".spill-"))]
+        problems += [f"left in the store: {n}" for n in left]
+        linked = {os.readlink(p) for p in store.root.iterdir() if p.is_symlink()}
+        if store.spill_root.exists():
+            problems += [f"spill dir holds {p.name}, which no store link names" for p in store.spill_root.iterdir()
+                         if str(p) not in linked]
+        served = {}
+        for snap in store.list():
+            try:
+                store.verify(snap)
+                served[snap.id] = "disk" if store.is_spilled(snap.id) else "memory"
+            except DrumsError as exc:
+                problems.append(f"{snap.id} does not verify: {exc}")
+        victim = getattr(self, "victim", None)
+        if self.w.op == "evict" and self.w.name != "evict-before-retire" and victim in served:
+            problems.append(f"the victim {victim} is still served after {self.w.name}")
+        if self.w.op == "spill" and victim not in served:
+            problems.append(f"the spilled snapshot {victim} is gone")
+        return _criterion(not problems, problems or {"served": served})
+
     # -------------------------------------------------------------- cleanup
     def _cleanup(self) -> None:
         from tests.conftest import stop_instance
@@ -786,6 +854,7 @@ class WindowRun:
                 (self.inst.state_root / f"{self.inst.name}{suffix}").unlink()
         with contextlib.suppress(OSError):
             self.inst.state_dir.rmdir()
+        shutil.rmtree(spill_dir(self.inst), ignore_errors=True)  # copies of snapshots of the unmounted store
         if errors:
             self.notes.extend(errors)
 
