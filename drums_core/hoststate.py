@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import cgroups, procs
 from .config import Instance, display_number, host_ifname, nft_table_name
+from .hostnet import held_records
 
 X11_DIR = "/tmp/.X11-unix"
 CRIU_TMP_PREFIX = "/tmp/.criu."
@@ -66,6 +67,8 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
          "nft_tables": [{family, name}],   tables whose name starts with "drums"
          "x11_links": [{path, target}],    symlinks in /tmp/.X11-unix
          "cgroups":  {run: [path...]},     Drums cgroups (``<hierarchy>/drums/<run>/...``) of every run
+         "hostnet":  [record...],          host settings Drums holds for nat sessions (drums_core.hostnet:
+                                           ifname, prior, holders {run: ledger root}, now)
          "errors":   [str...]}             what could not be read
     """
     dirs = _norm_dirs(run_dirs)
@@ -141,7 +144,7 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
 
     return {"tagged": tagged, "criu": criu, "ns_holders": holders, "mounts": mounts, "criu_mounts": criu_mounts,
             "links": links, "nft_tables": _nft_drums_tables(errors), "x11_links": x11,
-            "cgroups": _cgroups(host_mounts, errors), "errors": errors}
+            "cgroups": _cgroups(host_mounts, errors), "hostnet": held_records(), "errors": errors}
 
 
 def _cgroups(mounts: list[procs.MountInfo], errors: list[str]) -> dict[str, list[str]]:
@@ -168,6 +171,8 @@ def run_leaks(state: dict, run: str, *, links: Iterable[str] = (), nft_tables: I
     paths = {x["path"] for x in state["x11_links"]}
     out += [f"x11 link {p}" for p in set(map(str, x11_links)) & paths]
     out += [f"cgroup {p}" for p in state.get("cgroups", {}).get(run, [])]
+    out += [f"hostnet forwarding on {r.get('ifname')} (now {r.get('now')}, was {r.get('prior')})"
+            for r in state.get("hostnet", []) if run in (r.get("holders") or {})]
     return out
 
 
@@ -199,7 +204,8 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
     left nothing. Its runs are named ``<instance>-<12 hex>`` (processes are tagged ``drums:<run>``,
     nftables tables are ``drums_<run>`` with ``-`` as ``_``, cut at 60 characters, cgroups are
     ``<hierarchy>/drums/<run>/...``); its links and X11 links are those of its slot range; its
-    mounts are at or under its state directory.
+    mounts are at or under its state directory; ``hostnet`` lists the host settings its runs still
+    hold for ``nat`` sessions (forwarding on an upstream, see :mod:`drums_core.hostnet`).
     """
     run_re = re.compile(re.escape(instance.name) + r"-[0-9a-f]{12}")
     table_prefix = nft_table_name(instance.name + "-")        # every table of its runs starts so
@@ -229,5 +235,7 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
         x11 = sorted(n for n in os.listdir(X11_DIR) if n in own_x11 and os.path.islink(os.path.join(X11_DIR, n)))
     except FileNotFoundError:
         x11 = []
+    hostnet = [f"forwarding on {r.get('ifname')} (now {r.get('now')}, was {r.get('prior')}) held by {run}"
+               for r in held_records() for run in (r.get("holders") or {}) if run_re.fullmatch(run)]
     return {"processes": processes, "mounts": mounts, "links": links, "nft": tables, "x11links": x11,
-            "cgroups": groups, "probe_errors": errors}
+            "cgroups": groups, "hostnet": hostnet, "probe_errors": errors}

@@ -36,6 +36,9 @@ snapshot    snapshot id; ``dir``                                retired unless c
 cgroup      ``drums/<run>/<session>`` (run = this run);         SIGKILL its members (frozen),
             ``paths`` (every controller dir, absolute),         rmdir each dir, then an empty
             ``driver`` (``v1``/``v2``), ``session``             ``drums/<run>``
+hostnet     ``forwarding/<ifname>``; ``ifname``, ``ifindex``,   the run leaves the shared record's
+            ``path`` (sysctl file), ``record`` (shared record)  holders; the last one puts the
+                                                                prior value back (drums_core.hostnet)
 ==========  ==================================================  =================================
 """
 from __future__ import annotations
@@ -183,7 +186,8 @@ class Ledger:
     entry, ``OSError`` when the filesystem refuses a write (the entry is then unchanged).
     """
 
-    KINDS = ("session", "process", "mount", "link", "nft", "x11link", "dir", "op", "snapshot", "cgroup")
+    KINDS = ("session", "process", "mount", "link", "nft", "x11link", "dir", "op", "snapshot", "cgroup",
+             "hostnet")
 
     def __init__(self, root: Path | str, run: str) -> None:
         self.root = Path(root)

@@ -92,12 +92,14 @@ def in_namespaces(pid: int, kinds: dict, fn):
     return box.get("result")
 
 
-def configure_guest_side(pid: int, guest_addr: str, host_addr: str) -> None:
-    """Give the session's eth0 its slot address (replacing any address it was dumped with)."""
-    in_namespaces(pid, {"net": 0x40000000}, lambda: _configure_guest_here(pid, guest_addr))
+def configure_guest_side(pid: int, guest_addr: str, host_addr: str, default_route: bool = False) -> None:
+    """Give the session's eth0 its slot address (replacing any address it was dumped with) and,
+    for a ``nat`` session, its default route through the host side of its link."""
+    gateway = host_addr if default_route else None
+    in_namespaces(pid, {"net": 0x40000000}, lambda: _configure_guest_here(pid, guest_addr, gateway))
 
 
-def _configure_guest_here(pid: int, guest_addr: str) -> None:
+def _configure_guest_here(pid: int, guest_addr: str, gateway: str | None = None) -> None:
     try:
         with IPRoute() as ipr:
             lo = ipr.link_lookup(ifname="lo")
@@ -109,6 +111,8 @@ def _configure_guest_here(pid: int, guest_addr: str) -> None:
             ipr.flush_addr(index=idx[0])
             ipr.addr("add", index=idx[0], address=guest_addr, prefixlen=30)
             ipr.link("set", index=idx[0], state="up")
+            if gateway:
+                ipr.route("replace", dst="0.0.0.0/0", gateway=gateway, oif=idx[0])
     except NetlinkError as exc:
         raise Unavailable(f"cannot configure guest side of pid {pid}: {exc}", reason="NETLINK",
                           detail={"errno": exc.code}) from exc
@@ -138,26 +142,46 @@ def nft_table_exists(family: str, name: str) -> bool:
     return False
 
 
-def create_nft_table(name: str) -> None:
-    """Host root reaches sessions; sessions reach neither each other nor anything else.
+def create_nft_table(name: str, links: list[str] | None = None) -> None:
+    """Host root reaches sessions; sessions reach neither each other nor the host; ``nat`` sessions
+    reach what their policy grants (:mod:`drums_core.nat` fills the ``nat_*`` sets and chains).
 
     Only sockets of host uid 0 (the daemon, its clients, root's tools) may send to a session's
-    link: the guest server's ``/execute`` is not a way in for the host's other users."""
+    link: the guest server's ``/execute`` is not a way in for the host's other users. The forward
+    chain drops what crosses this run's own links (``links``: every link of its slot range) unless a
+    session's ``nat`` chain accepted it: rules on every ``dvh*`` link would drop the forwarded
+    traffic of other runs' ``nat`` sessions (every table's base chains must accept a packet)."""
+    from .netpolicy import BLOCKED
+
+    own = ", ".join(f'"{n}"' for n in (links or []))
+    links_set = f"set links {{ type ifname; elements = {{ {own} }} }}" if own else "set links { type ifname; }"
     ruleset = f"""
 table inet {name} {{
+    {links_set}
+    set blocked {{ type ipv4_addr; flags interval; elements = {{ {", ".join(BLOCKED)} }} }}
+    set guarded {{ type ifname; }}
+    set nat_addrs {{ type ipv4_addr; }}
+    map nat_links {{ type ifname : verdict; }}
     chain output {{
         type filter hook output priority -10; policy accept;
         oifname "dvh*" meta skuid != 0 reject
     }}
     chain forward {{
         type filter hook forward priority -10; policy accept;
-        iifname "dvh*" drop
-        oifname "dvh*" drop
+        iifname vmap @nat_links
+        oifname @links ip daddr @nat_addrs ct state established,related accept
+        iifname @links drop
+        oifname @links drop
+        iifname @guarded oifname != "dvh*" drop
     }}
     chain input {{
         type filter hook input priority -10; policy accept;
         iifname "dvh*" ct state established,related accept
         iifname "dvh*" drop
+    }}
+    chain postrouting {{
+        type nat hook postrouting priority srcnat; policy accept;
+        ip saddr @nat_addrs oifname != "dvh*" masquerade
     }}
 }}
 """
@@ -171,3 +195,28 @@ def delete_nft_table(name: str) -> bool:
         return False
     subprocess.run(["nft", "delete", "table", "inet", name], capture_output=True, check=False)
     return True
+
+
+def blocking_tables(own: str) -> list[str]:
+    """Other runs' tables (of Drums before network policies) whose forward chain drops every ``dvh*``
+    link's traffic: while one exists, no ``nat`` session on this host can reach its upstream."""
+    out = subprocess.run(["nft", "-j", "list", "tables"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        return []
+    names = [t["table"]["name"] for t in json.loads(out.stdout).get("nftables", [])
+             if "table" in t and t["table"].get("family") == "inet" and t["table"]["name"].startswith("drums")
+             and t["table"]["name"] != own]
+    blocking = []
+    for name in names:
+        chain = subprocess.run(["nft", "-j", "list", "chain", "inet", name, "forward"], capture_output=True,
+                               text=True, check=False)
+        if chain.returncode != 0:
+            continue
+        for item in json.loads(chain.stdout).get("nftables", []):
+            expr = item.get("rule", {}).get("expr", [])
+            if len(expr) == 2 and "drop" in expr[1] and expr[0].get("match", {}).get("op") == "==" \
+                    and expr[0]["match"].get("right") == "dvh*" \
+                    and expr[0]["match"].get("left", {}).get("meta", {}).get("key") in ("iifname", "oifname"):
+                blocking.append(name)
+                break
+    return blocking

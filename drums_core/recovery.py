@@ -52,10 +52,13 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
     sup.ledger.record("mount", s.root, session=sid)
     sup.ledger.record("process", sid, pid=s.init_pid, starttime=s.init_start, tag=f"drums:{old.run}")
     sup.ledger.record("link", s.ifname, session=sid)
+    policy = spec.network_policy()
     if not netns.link_exists(s.ifname):  # a checkpoint that died before its dump had removed it
         netns.create_veth(s.ifname, s.init_pid)
         netns.configure_host_side(s.ifname, s.host_address)
-        netns.configure_guest_side(s.init_pid, s.address, s.host_address)
+        netns.configure_guest_side(s.init_pid, s.address, s.host_address, default_route=policy.nat)
+    if policy.nat:  # its rules move to this run's table, its hold on the upstream to this run's ledger
+        sup.nat.attach(sid, s.ifname, s.address, policy)
     rw = str(Path(s.dir) / "rw")
     sup.ledger.record("mount", rw, session=sid)
     link = X11_DIR / f"X{s.display}"  # runs before the daemon routed X itself made a host link: it goes
@@ -104,7 +107,7 @@ def recover(sup: Supervisor) -> dict:
                         try:
                             adopt_session(sup, old, entry.key, entry.data)
                             report["adopted"].append(entry.key)
-                        except (RuntimeError, KeyError, ValueError, OSError) as exc:
+                        except (RuntimeError, KeyError, ValueError, OSError, DrumsError) as exc:
                             log.warning("cannot adopt %s from %s: %s", entry.key, run, exc)
         except DrumsError as exc:  # busy, gone, or corrupt: left to the sweep, which fails closed
             log.warning("cannot adopt from run %s: %s", run, exc)

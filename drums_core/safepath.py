@@ -89,6 +89,37 @@ def write_file(root: str, rel: str, data: bytes | str, mode: int = 0o644, owner:
         os.close(fd)
 
 
+def replace_file(root: str, rel: str, data: bytes | str, mode: int = 0o644,
+                 owner: tuple[int, int] | None = None) -> None:
+    """Put a new regular file at ``root/rel``, replacing whatever has that name (a symlink is
+    replaced, never followed): written beside it under a fresh name, then renamed over it, with the
+    parent directory resolved safely."""
+    import secrets
+
+    raw = data.encode() if isinstance(data, str) else data
+    parent, _, name = rel.strip("/").rpartition("/")
+    pfd = open_in_root(root, parent or ".", os.O_PATH | os.O_DIRECTORY)
+    tmp = f".{name}.drums-{secrets.token_hex(6)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=pfd)
+        try:
+            os.write(fd, raw)
+            if owner is not None:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except OSError as exc:
+        try:
+            os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
+        raise _unsafe(root, rel, exc) from exc
+    finally:
+        os.close(pfd)
+
+
 def read_file(root: str, rel: str, limit: int = 1 << 20) -> bytes:
     fd = open_in_root(root, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import requests
 
-from . import cgroups, criu, display, faults, images, linux, netns, rootfs
+from . import cgroups, criu, display, faults, images, linux, netns, netpolicy, rootfs
 from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .ledger import Ledger
+from .nat import NatManager
 from .procs import mount_key
 from .sessionprocs import ProcessInfo, is_alive, kill_tree_under, session_processes, starttime, wait_dead
 from .snapshots import Snapshot, SnapshotStore, boot_id
@@ -70,6 +71,10 @@ class SessionSpec:
     run_size: str = "256m"
     writable_size: str = "2g"
     limits: dict = field(default_factory=dict)  # cgroups.Limits fields: memory_max, memory_high, pids_max, cpu_weight
+    network: dict = field(default_factory=lambda: {"policy": "none"})  # see drums_core.netpolicy
+
+    def network_policy(self) -> netpolicy.NetworkPolicy:
+        return netpolicy.NetworkPolicy.from_spec(self.network)
 
     def cgroup_limits(self) -> cgroups.Limits:
         return cgroups.Limits(**self.limits)
@@ -110,6 +115,7 @@ class SessionSpec:
             if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name"):
                 raise InvalidArgument(f"bad program entry {prog!r}", reason="BAD_SPEC")
             check_name(prog["name"], "program name")
+        spec.network = spec.network_policy().to_spec()
         return spec
 
 
@@ -216,7 +222,9 @@ class Supervisor:
         threading.Thread(target=self._watch_oom, name="oom-watch", daemon=True).start()
         self.nft_table = nft_table_name(self.run)
         self.ledger.record("nft", f"inet/{self.nft_table}", family="inet", name=self.nft_table)
-        netns.create_nft_table(self.nft_table)
+        netns.create_nft_table(self.nft_table, [host_ifname(slot) for slot in
+                                                range(instance.slot_base, instance.slot_base + instance.slot_count)])
+        self.nat = NatManager(self.ledger, self.nft_table)
 
     # ----------------------------------------------------------------- helpers
     def _alloc_slot(self) -> int:
@@ -391,8 +399,11 @@ class Supervisor:
         self.ledger.record("link", s.ifname, session=s.id)
         if create:
             netns.create_veth(s.ifname, s.init_pid)
+        policy = s.spec.network_policy()
         netns.configure_host_side(s.ifname, f"{s.host_address}/30".split("/")[0])
-        netns.configure_guest_side(s.init_pid, s.address, s.host_address)
+        netns.configure_guest_side(s.init_pid, s.address, s.host_address, default_route=policy.nat)
+        if policy.nat:
+            self.nat.attach(s.id, s.ifname, s.address, policy)
 
     def _alive_reason(self, s: Session) -> str | None:
         if not is_alive(s.init_pid, s.init_start):
@@ -420,6 +431,8 @@ class Supervisor:
     def create(self, spec: dict | SessionSpec | None = None) -> Session:
         """Boot a cold session. Unavailable on any failure, after a full rollback."""
         spec = spec if isinstance(spec, SessionSpec) else SessionSpec.from_dict(spec)
+        policy = netpolicy.resolve_for_host(spec.network_policy())
+        spec.network = policy.to_spec()
         lowers, image_hash = self.image_lowers(spec.image)
         slot = self._alloc_slot()
         s = self._new_session(spec, slot)
@@ -435,6 +448,8 @@ class Supervisor:
             self._mount_root(s, lowers)
             rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE,
                                        json.dumps(self._init_spec(s)))
+            if policy.nat:
+                netpolicy.write_resolv_conf(s.root, policy, (ID_BASE, ID_BASE))
             mark("root")
             netns.wait_link_gone(s.ifname)
             mark("slot_free")
@@ -519,6 +534,8 @@ class Supervisor:
                 netns.wait_link_gone(s.ifname, timeout=5)
                 counts["links"] += 1
             self.ledger.forget("link", s.ifname)
+        policy = s.spec.network_policy()
+        rules_gone = not policy.nat or self.nat.detach(s.id, s.ifname, s.address, policy)
         if s.init_pid:
             self.ledger.forget("process", s.id)
         if Path(s.dir).exists():
@@ -527,7 +544,10 @@ class Supervisor:
         self.ledger.forget("session", s.id)
         with self._lock:
             self.sessions.pop(s.id, None)
-        self._free_slot(s.slot)
+        if rules_gone:
+            self._free_slot(s.slot)
+        else:
+            log.error("slot %d stays unused: the nat rules of %s on %s could not be removed", s.slot, s.id, s.ifname)
         return counts
 
     def destroy(self, sid: str) -> dict:
@@ -697,18 +717,19 @@ class Supervisor:
         old_slot = s.slot
         with self._lock:
             self._slots_in_use.add(old_slot)
-        self._teardown(s)
-        if leave_running:
-            with self._lock:
-                self._slots_in_use.add(old_slot)
-            try:
-                new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
-                                        machine_id=s.machine_id)
-            except DrumsError as exc:  # the snapshot is committed: say which, the session is gone
-                raise type(exc)(f"checkpoint {snap.id} of {s.id} is committed, but the session could not go on "
-                                f"running from it: {exc.message}", reason=exc.reason,
-                                detail={"snapshot": snap.id, "cause": exc.detail}) from exc
-            new.timings["checkpoint"] = time.monotonic() - t0
+        with self.nat.pinned(s.spec.network_policy() if leave_running else netpolicy.NetworkPolicy()):
+            self._teardown(s)
+            if leave_running:
+                with self._lock:
+                    self._slots_in_use.add(old_slot)
+                try:
+                    new = self._restore_one(snap, slot=old_slot, sid=s.id, reseed=False, hostname=s.hostname,
+                                            machine_id=s.machine_id)
+                except DrumsError as exc:  # the snapshot is committed: say which, the session is gone
+                    raise type(exc)(f"checkpoint {snap.id} of {s.id} is committed, but the session could not go "
+                                    f"on running from it: {exc.message}", reason=exc.reason,
+                                    detail={"snapshot": snap.id, "cause": exc.detail}) from exc
+                new.timings["checkpoint"] = time.monotonic() - t0
         return snap
 
     # ----------------------------------------------------------------- restore
@@ -791,6 +812,7 @@ class Supervisor:
                      min_nonblank: float = 0.0) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
         self.check_snapshot_image(snap)
+        netpolicy.resolve_for_host(spec.network_policy(), restoring=True)
         lowers, _ = self.image_lowers(spec.image)
         broken = self.store.broken_reason(snap.id)
         if broken:

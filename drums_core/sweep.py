@@ -28,7 +28,10 @@ from the system so the sweep is safe to SIGKILL at any point and to rerun:
    ``drums/<run>`` when empty. A path that is not directly under a mounted cgroup hierarchy (or
    goes through a symlink) is never read nor removed: it is reported and its entry kept; a group
    holding a protected process is not emptied and kept.
-4. recorded ``dvh*`` links. 5. recorded ``drums*`` nftables tables. 6. recorded X11 symlinks.
+4. recorded ``dvh*`` links. 4b. recorded host settings (``hostnet``: forwarding on a ``nat``
+   upstream): the run lets go of its hold, and the last holder on the host puts the prior value back
+   (:func:`drums_core.hostnet.release`), before its table's guard goes. 5. recorded ``drums*``
+   nftables tables. 6. recorded X11 symlinks.
 7. recorded directories, in two phases: rename to ``<parent>/.rm-<name>-<16 hex>`` (the new name
    written to the entry first), then delete; leftovers are finished by the next pass. A directory
    with a mount under it is never deleted.
@@ -82,7 +85,7 @@ _IFNAME_RE = re.compile(r"^dvh[A-Za-z0-9_.-]{0,12}$")
 RETIRE_KEY = "sweep_retiring"
 HOST_MOUNTS_KEY = "sweep/host-mounts"
 COUNTS = ("processes_killed", "mounts_unmounted", "cgroups_removed", "links_deleted", "nft_deleted",
-          "x11links_removed", "dirs_removed", "entries_forgotten")
+          "x11links_removed", "hostnet_released", "dirs_removed", "entries_forgotten")
 
 
 def _collect_into(errs: list[str]):
@@ -118,6 +121,7 @@ class RunReport:
     links_deleted: int = 0
     nft_deleted: int = 0
     x11links_removed: int = 0
+    hostnet_released: int = 0
     dirs_removed: int = 0
     entries_forgotten: int = 0
     ledger_removed: bool = False
@@ -131,7 +135,7 @@ class RunReport:
     def summary(self) -> str:
         line = (f"sweep run={self.run} status={self.status} owner={self.owner or '-'} "
                 f"killed={self.processes_killed} unmounted={self.mounts_unmounted} cgroups={self.cgroups_removed} "
-                f"links={self.links_deleted} "
+                f"links={self.links_deleted} hostnet={self.hostnet_released} "
                 f"nft={self.nft_deleted} x11={self.x11links_removed} dirs={self.dirs_removed} "
                 f"forgotten={self.entries_forgotten} survivors={len(self.survivors)} errors={len(self.errors)} "
                 f"passes={self.passes} {self.seconds:.2f}s")
@@ -175,6 +179,10 @@ class SweepReport:
     @property
     def x11links_removed(self) -> int:
         return self._sum("x11links_removed")
+
+    @property
+    def hostnet_released(self) -> int:
+        return self._sum("hostnet_released")
 
     @property
     def dirs_removed(self) -> int:
@@ -305,6 +313,10 @@ def parts_of(entry: Entry) -> list[Part]:
         return [Part("x11", (_path_field(d, k, "path"), str(target) if target else None))]
     if entry.kind == "cgroup":
         return _cgroup_parts(k, d)
+    if entry.kind == "hostnet":
+        from .hostnet import parse_entry
+
+        return [Part("hostnet", (parse_entry(k, d),))]
     if entry.kind == "snapshot":
         sdir = d.get("dir") or d.get("path")
         if not sdir:
@@ -527,6 +539,7 @@ class _RunSweep:
         self.owner_rec: dict | None = None
         self.host_mounts: list[procs.MountInfo] = []
         self.cgroups_kept: set[tuple[str, str]] = set()
+        self.hostnet_done: set[Part] = set()
 
     # -------------------------------------------------------------- driver
     def run_sweep(self) -> RunReport:
@@ -601,6 +614,8 @@ class _RunSweep:
         self._forget_done()
         self._links()
         _fault("sweep-after-links")
+        self._forget_done()
+        self._hostnet()
         self._forget_done()
         self._nft()
         self._x11()
@@ -994,6 +1009,13 @@ class _RunSweep:
             except OSError as exc:
                 self.report.errors.append(f"link {ifname}: {exc}")
 
+    def _hostnet(self) -> None:
+        from .hostnet import sweep_release
+
+        for p in self._active("hostnet"):
+            if sweep_release(self.ledger, p.value[0], self.report, dry_run=self.dry_run):
+                self.hostnet_done.add(p)
+
     def _nft(self) -> None:
         parts = self._active("nft")
         if not parts:
@@ -1132,6 +1154,8 @@ class _RunSweep:
             return idx is None or (p.value[1] is not None and idx != p.value[1])
         if p.kind == "nft":
             return tables is not None and p.value not in tables
+        if p.kind == "hostnet":
+            return p in self.hostnet_done
         if p.kind == "x11":
             path, target = p.value
             return not os.path.islink(path) or (target is not None and procs.readlink(path) != target)
