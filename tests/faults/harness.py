@@ -35,8 +35,9 @@ O1 before the sweep, every mount under the run's directories (the instance's ``s
 process of the run and no ``criu`` of the run (by tag, recorded pid+start time, recorded paths,
 pid namespace of a recorded init, foreign mount namespace holding the run's mounts); P2 no mount
 under the run's directories or ``/tmp/.criu.*``; P3 no ``dvh*`` link, nft table, X11 link or cgroup
-(``drums/<run>/...``) of the run; P4 the run's ledger is gone; P5 both decoys untouched; P6 a
-further sweep is a no-op.
+(``drums/<run>/...``) of the run, and no host setting it held (a ``nat`` window's stand-in
+upstream has its forwarding back as it was, no shared record names the run); P4 the run's ledger
+is gone; P5 both decoys untouched; P6 a further sweep is a no-op.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ CROWD = {"programs": [{"name": "crowd", "argv": [
     f"for i in $(seq {CROWD_TASKS}); do sleep 10000000 & done; exec /usr/bin/python3 -c "
     f"\"import time; x = b'\\x01' * ({CROWD_MIB} << 20); open('{CROWD_READY}', 'w').close(); "
     f"time.sleep(10 ** 7)\""]}]}
-SPECS = {"bare": {}, "xterm": XTERM, "crowd": CROWD}
+SPECS = {"bare": {}, "xterm": XTERM, "crowd": CROWD}  # and "nat": a bare session routed through a stand-in
+NAT_DNS = "203.0.113.153"
 CRITERIA = ("F0", "O1", "P1", "P2", "P3", "P4", "P5", "P6")
 INSTANCE_RE = re.compile(r"^fw\d+-\d\d$")  # every instance this harness makes
 TAG_RE = re.compile(r"^drums:fw\d+-\d\d-")
@@ -138,6 +140,10 @@ WINDOWS: tuple[Window, ...] = (
     Window("spill-mid-copy", "spill", "xterm"),
     Window("spill-copied", "spill", "xterm"),
     Window("spill-swapped", "spill", "xterm"),
+    Window("nat-hold-recorded", "restore", "nat"),
+    Window("nat-hold-applied", "restore", "nat"),
+    Window("nat-release-before-restore", "destroy", "nat"),
+    Window("nat-release-restored", "destroy", "nat"),
     Window("sweep-after-kill", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-after-unmount", "sweep", "xterm", daemon_window="restore-after-register"),
     Window("sweep-before-cgroup-remove", "sweep", "xterm", daemon_window="restore-after-register"),
@@ -398,11 +404,11 @@ def wait_crowd(client: Client, sid: str, timeout: float = 60.0) -> None:
         raise RuntimeError(f"crowd session {sid} not ready in {timeout}s")
 
 
-def build_snapshot(inst: Instance, spec_name: str) -> dict:
+def build_snapshot(inst: Instance, spec_name: str, spec: dict | None = None) -> dict:
     """A healthy daemon makes a session and checkpoints it, then stops (leaving no ledger)."""
     healthy = Client(inst, daemon_env=daemon_env(None), timeout=CLIENT_TIMEOUT)
     info = healthy.ping()
-    s = healthy.create(SPECS[spec_name])
+    s = healthy.create(spec if spec is not None else SPECS[spec_name])
     if spec_name == "crowd":
         wait_crowd(healthy, s["id"])
     snap = healthy.checkpoint(s["id"])
@@ -517,7 +523,15 @@ class WindowRun:
     def _drive(self) -> None:
         w = self.w
         t = time.monotonic()
-        base = build_snapshot(self.inst, w.spec)
+        spec = None
+        if w.spec == "nat":  # a stand-in upstream of its own (tests.netstandin), kept until the cleanup
+            from tests.netstandin import StandIn
+
+            self.standin = StandIn(f"dsf{os.getpid() % 100000}", 3, {"dns.fw.test": NAT_DNS},
+                                   routed="203.0.113.128/25", name="fault-windows").start()
+            self.nat_prior = self.standin.forwarding()
+            spec = {"network": {"policy": "nat", "upstream": self.standin.ifname, "dns": [NAT_DNS]}}
+        base = build_snapshot(self.inst, w.spec, spec)
         self.snapshot = base["snapshot"]
         self.base_size = base["size"]
         self.row["setup_seconds"] = round(time.monotonic() - t, 2)
@@ -777,6 +791,10 @@ class WindowRun:
         x11 = sorted(xl & ({str(X11_DIR / f"X{100 + s}") for s in slots} | set(claims["x11_links"])))
         p3 = [f"link {n}" for n in links] + [f"nft table {n}" for n in tables] + [f"x11 link {p}" for p in x11]
         p3 += [f"cgroup {p}" for p in after["cgroups"].get(run, [])]
+        p3 += [f"hostnet record for {r.get('ifname')} still names the run" for r in after["hostnet"]
+               if run in (r.get("holders") or {})]
+        if getattr(self, "standin", None) is not None and self.standin.forwarding() != self.nat_prior:
+            p3.append(f"forwarding on {self.standin.ifname} is {self.standin.forwarding()}, was {self.nat_prior}")
         self.criteria["P3"] = _criterion(not p3, p3)
         led = inst.ledger_root / run
         left = sorted(os.listdir(led)) if led.is_dir() else []
@@ -844,6 +862,11 @@ class WindowRun:
             stop_instance(self.inst)
         except Exception as exc:  # noqa: BLE001
             errors.append(f"stop_instance: {exc!r}")
+        try:
+            if getattr(self, "standin", None) is not None:
+                self.standin.close()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"stand-in close: {exc!r}")
         forced = force_clean(self.inst)
         if forced:
             self.notes.append(f"cleanup had to force-remove {forced}")
