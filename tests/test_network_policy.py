@@ -22,7 +22,9 @@ What is checked:
 5. siblings restored from a ``nat`` checkpoint (and a checkpoint left running) keep a working route;
 6. forwarding on the upstream is on only while some run holds it, and is put back when the last
    session goes, also by the sweep after a daemon was killed (a daemon of another instance holding
-   the same upstream keeps it on until its own last session goes).
+   the same upstream keeps it on until its own last session goes);
+7. the gym env takes the policy as an argument or from ``$DRUMS_NETWORK``; ``drums up --network``
+   refuses bad input. (The OSWorld provider: tests/osworld/test_network_osworld.py.)
 """
 from __future__ import annotations
 
@@ -32,10 +34,11 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from drums_core.config import ID_BASE, Instance
+from drums_core.config import ID_BASE, STATE_ROOT, Instance
 from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.netpolicy import NetworkPolicy, parse_text
 from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
@@ -537,3 +540,48 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
     from drums_core.hoststate import instance_leaks
 
     assert not any(instance_leaks(inst).values()), instance_leaks(inst)
+
+
+# ------------------------------------------------------------------------------------------ 7
+def test_the_gym_env_and_drums_up_choose_the_policy(drums, up, monkeypatch):
+    """``DrumsDesktopEnv(network=...)`` (and ``$DRUMS_NETWORK``) boots its desktop with the policy;
+    ``drums up --network`` refuses bad input before asking the daemon for anything."""
+    import subprocess
+    import sys
+
+    from drums_osworld.gym_env import DrumsDesktopEnv
+    from drums_osworld.tasks import tasks_dir
+
+    task = str(tasks_dir() / "os" / "drums-os-make-executable.json")
+    with pytest.raises(InvalidArgument) as err:
+        DrumsDesktopEnv(task=task, client=drums, network="nat")
+    assert err.value.reason == "BAD_NETWORK"
+    monkeypatch.setenv("DRUMS_NETWORK", f"nat:{up.ifname}:{DNS}")
+    env = DrumsDesktopEnv(task=task, client=drums, pause=0.0)
+    monkeypatch.delenv("DRUMS_NETWORK")
+    try:
+        assert json.loads(env.network) == {"policy": "nat", "upstream": up.ifname, "dns": [DNS], "allow": []}
+        env.reset(seed=1)
+        session = drums.get(env.session_id)
+        assert session["spec"]["network"]["upstream"] == up.ifname
+        got = probe(drums, env.session_id, [["fetch", "http://web.standin.test/from-gym", 5]])
+        assert got == ["standin upstream /from-gym"], got
+    finally:
+        env.close()
+    assert_released(up)
+    plain = DrumsDesktopEnv(task=task, client=drums)
+    assert plain.network == ""
+    plain.close()
+
+    env_vars = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                "DRUMS_INSTANCE": f"nosuch-{os.getpid()}"}
+    for argv, words in ((["up", "--network", "nat"], "needs an upstream"),
+                        (["up", "--network", "bridge"], "unknown network policy"),
+                        (["up", "--network", "none", "--upstream", up.ifname], "takes no upstream"),
+                        (["up", "--upstream", up.ifname, "--dns", "not-an-address"], "is not an IPv4 address")):
+        out = subprocess.run([sys.executable, "-m", "drums_core.cli", "--json", *argv], capture_output=True,
+                             text=True, env=env_vars, timeout=60)
+        assert out.returncode == 1, (argv, out)
+        error = json.loads(out.stdout)["error"]
+        assert error["reason"] == "BAD_NETWORK" and words in error["message"], (argv, error)
+    assert not (STATE_ROOT / f"nosuch-{os.getpid()}").exists(), "a bad `drums up` must not start a daemon"
