@@ -68,17 +68,23 @@ def image_path(image: str) -> str:
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One kind of fresh desktop: an image at a screen size."""
+    """One kind of fresh desktop: an image at a screen size, with a network policy (the canonical
+    JSON of a ``nat`` policy, see :mod:`drums_core.netpolicy`; empty for ``none``). A ``nat``
+    desktop's spec, and so its scopes and ``init_state``, differ from the ``none`` one's."""
 
     image: str = DEFAULT_IMAGE
     screen: tuple[int, int] = (1920, 1080)
+    network: str = ""
 
     @property
     def path(self) -> str:
         return image_path(self.image)
 
     def spec(self) -> dict:
-        return desktop_spec(self.screen, self.image)
+        spec = desktop_spec(self.screen, self.image)
+        if self.network:
+            spec["network"] = json.loads(self.network)
+        return spec
 
     @property
     def spec_hash(self) -> str:
@@ -95,6 +101,18 @@ class ImageRef:
 
     def private_scope(self, owner: str) -> str:
         return f"{self.scope}:env:{owner}"
+
+
+def network_key(network: object = None) -> str:
+    """The ``network`` of an :class:`ImageRef` for a policy given as a provider option (a dict or the
+    text form), or else ``$DRUMS_NETWORK`` (``none``, ``nat:<upstream>[:<dns>,...]`` or a JSON object).
+    InvalidArgument ``BAD_NETWORK`` for a bad one."""
+    from drums_core.netpolicy import NetworkPolicy
+
+    if network is None:
+        network = os.environ.get("DRUMS_NETWORK") or None
+    policy = NetworkPolicy.from_spec(network)
+    return json.dumps(policy.to_spec(), sort_keys=True) if policy.nat else ""
 
 
 def default_screen() -> tuple[int, int]:
@@ -184,6 +202,20 @@ def find_in_image(client: Client, ref: ImageRef, name: str) -> dict | None:
     return best
 
 
+def evicted_name(exc: NotFound) -> str | None:
+    """The name of the snapshot a NotFound says the store evicted (None: it says something else)."""
+    detail = exc.detail if isinstance(exc.detail, dict) else {}
+    evicted = detail.get("evicted")
+    return evicted.get("name") if isinstance(evicted, dict) else None
+
+
+def log_store_actions(snap: dict, name: str) -> None:
+    """Log what the store evicted or spilled to make room for ``snap`` (the daemon's answer says)."""
+    for a in (snap.get("store") or {}).get("actions") or []:
+        log.info("saving %s: the snapshot store %s %s (%s, %s, %.0f MiB) to make room", name, a.get("action"),
+                 a.get("name") or a.get("id"), a.get("id"), a.get("retention"), (a.get("size") or 0) / 2**20)
+
+
 def ensure_init_state(client: Client, ref: ImageRef) -> dict:
     """The image's ``init_state``, booting the image cold and checkpointing it on first use."""
     snap = find_snapshot(client, INIT_STATE, ref.scope)
@@ -197,7 +229,10 @@ def ensure_init_state(client: Client, ref: ImageRef) -> dict:
         t0 = time.monotonic()
         desktop = Desktop(client, client.create(ref.spec()))
         try:
-            snap = desktop.checkpoint(name=INIT_STATE, scope=ref.scope, leave_running=False)
+            # a cache state: the store may evict it when nothing uses it (it is made again here)
+            snap = client.checkpoint(desktop.id, name=INIT_STATE, scope=ref.scope, leave_running=False, cache=True)
+            desktop.closed = True
+            log_store_actions(snap, INIT_STATE)
         except DrumsError:
             try:
                 client.destroy(desktop.id)
