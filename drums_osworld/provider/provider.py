@@ -36,7 +36,7 @@ from drums_core.errors import DrumsError, InvalidArgument, NotFound, Unavailable
 from ..desktop import GUEST_PORT, Desktop
 from . import leases
 from .images import (DEFAULT_PATH, INIT_STATE, PORTS, ImageRef, connect, default_screen, ensure_init_state,
-                     find_in_image, find_snapshot, parse_path)
+                     evicted_name, find_in_image, find_snapshot, log_store_actions, parse_path)
 
 try:  # the ABCs are stdlib-only in desktop-env; Drums works without OSWorld installed too
     from desktop_env.providers.base import Provider as _ProviderBase
@@ -256,7 +256,15 @@ class DrumsProvider(_ProviderBase):
         self._reap_once()
         snapshot_id = self._next or ensure_init_state(self.client, ref)["id"]
         self._next = None
-        desktop = self._restore(snapshot_id)
+        try:
+            desktop = self._restore(snapshot_id)
+        except NotFound as exc:
+            if evicted_name(exc) != INIT_STATE:
+                raise
+            # the store evicted the image's init_state (a cache state) since it was looked up: make it again
+            log.warning("init_state %s was evicted from the snapshot store; making it again", snapshot_id)
+            snapshot_id = ensure_init_state(self.client, ref)["id"]
+            desktop = self._restore(snapshot_id)
         try:
             leases.hold(self.client, "session", desktop.id, self.owner)
         except BaseException:
@@ -277,20 +285,24 @@ class DrumsProvider(_ProviderBase):
         """Checkpoint the desktop under ``snapshot_name`` (private to this env); it keeps running."""
         return self.checkpoint(snapshot_name or f"state-{uuid.uuid4().hex[:8]}", private=True)
 
-    def checkpoint(self, name: str, scope: str | None = None, private: bool = True) -> dict:
+    def checkpoint(self, name: str, scope: str | None = None, private: bool = True, cache: bool = False) -> dict:
         """Checkpoint the running desktop, leaving it running with the same id and address.
 
         ``private`` snapshots go to this env's scope and are deleted when the env (and every branch
         sibling made from them) has closed; otherwise ``scope`` names a shared scope, kept until
-        deleted explicitly.
+        deleted explicitly, or evicted by the store when ``cache`` (a state that can be made again).
+        Unavailable ``STORE_FULL`` when the store has no room and nothing can be evicted or spilled.
         """
         if self.desktop is None or self.desktop.closed:
             raise Unavailable("the Drums desktop is not running; nothing to save", reason="NOT_STARTED")
         if private:
             scope = self.image_ref().private_scope(self.owner)
         t0 = time.monotonic()
-        snap = self.desktop.checkpoint(name=name, scope=scope, leave_running=True)
+        snap = self.client.checkpoint(self.desktop.id, name=name, scope=scope, leave_running=True,
+                                      cache=cache and not private)
+        self.desktop.refresh()
         self.timings["checkpoint"] = time.monotonic() - t0
+        log_store_actions(snap, name)
         if private:
             self._own(snap["id"])
         return snap

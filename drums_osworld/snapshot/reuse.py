@@ -25,7 +25,7 @@ import re
 import time
 from typing import Any, Callable
 
-from drums_core.errors import InvalidArgument, Unavailable
+from drums_core.errors import InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger("drums.osworld.snapshot")
 
@@ -104,35 +104,56 @@ def drums_reset(env: Any, original_reset: Callable, task_config: dict | None = N
 
 def _post_setup_reset(env: Any, prov: Any, original_reset: Callable, task: dict, seed: Any, options: Any) -> dict:
     name, scope = post_setup_name(task), post_setup_scope(env, task)
-    from ..provider.images import find_snapshot
+    from ..provider.images import evicted_name, find_snapshot
 
     snap = find_snapshot(prov.client, name, scope)
-    if snap is None:  # first rollout of this task here: revert to the base, set up, save
-        base = prov.resolve(env.snapshot_name, env.path_to_vm)
-        if not prov.is_pristine_from(base):
-            env.is_environment_used = True
-        obs = original_reset(env, task, seed=seed, options=options)
-        prov.mark_used()
-        t0 = time.monotonic()
-        prov.timings["reverted"] = float("start" in prov.timings)
-        try:
-            saved = prov.checkpoint(name, scope=scope, private=False)
-        except Unavailable as exc:  # rolled back, the desktop runs on: this rollout proceeds unsaved
-            log.warning("could not save %s (the next rollout sets up again): %s", name, exc)
-            return obs
-        prov.timings["saved_post_setup"] = time.monotonic() - t0
-        log.info("saved %s (snapshot %s, scope %s)", name, saved["id"], scope)
-        return obs
+    if snap is None:  # first rollout of this task here (or its state was evicted): set up, save
+        return _setup_and_save(env, prov, original_reset, task, seed, options, name, scope)
     reverted = not prov.is_pristine_from(snap["id"])
     if reverted:
         prov.revert_to_id(snap["id"])
-        env._start_emulator()
+        try:
+            env._start_emulator()
+        except NotFound as exc:
+            if evicted_name(exc) is None:
+                raise
+            # the store evicted it (a cache state) between the lookup and the restore: the plain way
+            log.warning("%s was evicted from the snapshot store before it could be restored; this rollout "
+                        "reverts to %s and runs the setup: %s", name, env.snapshot_name or "init_state", exc)
+            return _setup_and_save(env, prov, original_reset, task, seed, options, name, scope)
     env.is_environment_used = False  # the desktop is exactly the post-setup state: no revert, no setup
     skipped = dict(task)
     skipped["config"] = []
     obs = original_reset(env, skipped, seed=seed, options=options)
     env.config = list(task.get("config") or [])
     prov.timings["reverted"] = float(reverted)
+    return obs
+
+
+def _setup_and_save(env: Any, prov: Any, original_reset: Callable, task: dict, seed: Any, options: Any, name: str,
+                    scope: str) -> dict:
+    """Revert to the base, run the task's setup, and save the result as the task's post-setup state (a
+    cache state: the store may evict it later). A store with no room (``STORE_FULL``) or any other
+    rolled-back failure leaves this rollout going on unsaved, with a warning."""
+    base = prov.resolve(env.snapshot_name, env.path_to_vm)
+    if not prov.is_pristine_from(base):
+        env.is_environment_used = True
+    obs = original_reset(env, task, seed=seed, options=options)
+    prov.mark_used()
+    t0 = time.monotonic()
+    prov.timings["reverted"] = float("start" in prov.timings)
+    try:
+        saved = prov.checkpoint(name, scope=scope, private=False, cache=True)
+    except Unavailable as exc:  # rolled back, the desktop runs on: this rollout proceeds unsaved
+        if exc.reason == "STORE_FULL":
+            log.warning("the snapshot store is full and nothing in it can be evicted or spilled: %s is not "
+                        "saved, this and later rollouts of the task run its setup (%s)", name, exc.message)
+        else:
+            log.warning("could not save %s (the next rollout sets up again): %s", name, exc)
+        prov.timings["post_setup_unsaved"] = 1.0
+        return obs
+    prov.timings["saved_post_setup"] = time.monotonic() - t0
+    log.info("saved %s (snapshot %s, scope %s)", name, saved["id"], scope)
     return obs
 
 
