@@ -19,6 +19,7 @@ osworld        per-rollout reset through DesktopEnv(provider_name="drums"): reus
 osworld-tasks  OSWorld's task set (--tasks DIR) on untouched desktops, reset + evaluate in both reuse
                modes, every task classified (clean, needs app, setup/evaluator error, ...)
 profile        where a restore's time goes, phase by phase, inside and outside CRIU
+spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
 =============  ==================================================================================
 
 ``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
@@ -44,6 +45,7 @@ SUITES = {
     "osworld-tasks": ("osworld_tasks", "run_osworld_tasks"),
     "profile": ("profile", "run_profile"),
     "cluster": ("cluster", "run_cluster"),
+    "spill": ("spill", "run_spill"),
 }
 
 __all__ = ["SUITES", "main", "run_suite"]
@@ -75,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--only", default=None, help="only these tasks (ids or id prefixes, comma-separated)")
     t.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     t.add_argument("--task-timeout", type=float, default=None, help="seconds per task and mode (default 420)")
+    t.add_argument("--from-rows", type=Path, default=None, help="report an earlier run's osworld-tasks.json "
+                                                                "again (same --tasks/--image/--only), no run")
     t.add_argument("--skip-missing-apps", action="store_true",
                    help="do not run tasks needing an application the image lacks (they are still counted)")
     return p

@@ -2,6 +2,7 @@
 
     drums bench osworld-tasks --tasks ../shared/osworld-tasks [--image NAME] [--limit N]
                               [--domains a,b] [--only ID,...] [--modes none,post_setup] [--task-timeout S]
+                              [--from-rows OLD.json]   (classify and report an earlier run's rows again)
 
 Which tasks: the committed list (:mod:`drums_osworld.catalog`); those that need the internet (or a
 newer desktop-env) are skipped and counted, VS Code's are reported apart (Debian does not package
@@ -95,6 +96,20 @@ def select(opts: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- classification
+def relevant_lacking(entry: Any, lacking: dict[str, str]) -> dict[str, str]:
+    """The missing applications that count for ``entry``: all of them for a feasible task; for an
+    infeasible one (scored without any application) only those its setup starts."""
+    if not entry.infeasible:
+        return lacking
+    return {k: v for k, v in lacking.items() if k in entry.apps.get("setup", [])}
+
+
+def setup_flagged(row: dict) -> bool:
+    """Did the setup of this row fail (the guest's setup log, or ``reset`` raised)?"""
+    return bool(row.get("reset_error")) or any(
+        r.get("setup") and not r["setup"].get("ok") for r in row.get("resets", []))
+
+
 def getter_failures(calls: list[dict]) -> list[str]:
     out = []
     for c in calls:
@@ -188,7 +203,8 @@ def _run_worker(py: Path, env: dict, todo: list, sel: dict, modes: list[str], op
                 row = json.loads(line[len(_ROW):])
                 rows.append(row)
                 current = None
-                kind, why = classify(row, sel["lacking"].get(row["key"], {}))
+                entry = next(e for e in todo if e.key == row["key"])
+                kind, why = classify(row, relevant_lacking(entry, sel["lacking"].get(row["key"], {})))
                 _say(opts, f"{len(rows)}/{total} {row['key'][:48]} {row['mode']}: {kind}"
                            f"{' (' + why[:100] + ')' if why else ''}, {row.get('seconds', 0):.1f} s "
                            f"[{time.monotonic() - t_start:.0f} s so far]")
@@ -217,6 +233,14 @@ def run_osworld_tasks(opts: Any) -> dict:
     except (OSError, ValueError) as exc:
         raise common.BenchError(str(exc)) from exc
     run = sel["run"]
+    if getattr(opts, "from_rows", None):  # classify and report an earlier run's raw rows again
+        prev = json.loads(Path(opts.from_rows).read_text())
+        keys = {r["key"] for r in prev["rows"]}
+        sel["run"] = [e for e in run if e.key in keys]
+        rows = [{k: v for k, v in r.items() if k not in ("class", "reason", "domain", "infeasible")}
+                for r in prev["rows"]]
+        return _result(opts, sel, rows, list(prev["params"]["modes"]), prev["host"], prev["cleanup"], prev["reach"],
+                       float(prev["summary"]["wall time s"]), prev["params"]["python"])
     _say(opts, f"{sel['total']} tasks: {len(sel['internet'])} skipped (need the internet or a newer desktop-env), "
                f"{len(sel['vs_code'])} vs_code reported apart (no VS Code in image {opts.image}), "
                f"{len(run)} to run x {len(modes)} modes on image {opts.image}")
@@ -260,7 +284,8 @@ def _result(opts: Any, sel: dict, rows: list[dict], modes: list[str], host: dict
     for r in rows:
         e = entries[r["key"]]
         r["domain"], r["infeasible"] = e.domain, e.infeasible
-        r["class"], r["reason"] = classify(r, sel["lacking"].get(r["key"], {}))
+        r["class"], r["reason"] = classify(r, relevant_lacking(e, sel["lacking"].get(r["key"], {})))
+        r["setup_flagged"] = setup_flagged(r)
         ok_resets = [x["seconds"] for x in r.get("resets", []) if not x.get("error")]
         r["reset_seconds"] = ok_resets[-1] if ok_resets else None
         r["served_from_saved_state"] = any(x.get("from_saved_state") for x in r.get("resets", []))
@@ -279,6 +304,7 @@ def _result(opts: Any, sel: dict, rows: list[dict], modes: list[str], host: dict
                    "clean": c["clean"], "clean %": round(100.0 * c["clean"] / len(feas), 1) if feas else None}
             row.update({k: c[k] for k in CLASSES[1:]})
             row["infeasible clean"] = f"{sum(r['class'] == 'clean' for r in inf)}/{len(inf)}"
+            row["setup flagged"] = sum(r["setup_flagged"] for r in rs)
             row["reset p50 s"] = st["p50"]
             row["reset p95 s"] = st["p95"]
             if mode == "post_setup":
