@@ -34,9 +34,10 @@ from drums_core.client import Client
 from drums_core.errors import DrumsError, InvalidArgument, NotFound, Unavailable
 
 from ..desktop import GUEST_PORT, Desktop
-from . import leases
+from ..setup_journal import SetupReport, strict_default
+from . import leases, setup_watch
 from .images import (DEFAULT_PATH, INIT_STATE, PORTS, ImageRef, connect, default_screen, ensure_init_state,
-                     evicted_name, find_in_image, find_snapshot, log_store_actions, parse_path)
+                     evicted_name, find_in_image, find_snapshot, log_store_actions, network_key, parse_path)
 
 try:  # the ABCs are stdlib-only in desktop-env; Drums works without OSWorld installed too
     from desktop_env.providers.base import Provider as _ProviderBase
@@ -101,8 +102,11 @@ class DrumsProvider(_ProviderBase):
 
     def __init__(self, region: str | None = None, screen_size: tuple[int, int] | None = None,
                  client: Client | None = None, reuse_mode: str | None = None, adopt: Desktop | None = None,
-                 share_snapshot: str | None = None) -> None:
+                 share_snapshot: str | None = None, strict_setup: bool | None = None,
+                 network: dict | str | None = None) -> None:
         self.region = region
+        # the desktops' network policy: this option, else $DRUMS_NETWORK, else none (no route out)
+        self.network = network_key(network)
         self._client = client
         self.screen = (int(screen_size[0]), int(screen_size[1])) if screen_size else default_screen()
         self.owner = uuid.uuid4().hex[:12]
@@ -116,6 +120,12 @@ class DrumsProvider(_ProviderBase):
         self._owned: list[str] = []            # private snapshot ids, deleted when the last holder closes
         self._starting = False                 # inside DesktopEnv._start_emulator
         self.timings: dict[str, float] = {}
+        # Failed setup is not a score (setup_watch, snapshot.reuse): the report of each setup() and
+        # of the last reset; strict (option or DRUMS_STRICT_SETUP=1) makes a failed setup raise.
+        self.strict_setup = strict_default() if strict_setup is None else bool(strict_setup)
+        self.setup_reports: list[tuple[str, SetupReport]] = []
+        self.setup_report: SetupReport | None = None
+        self.setup_phase: str | None = None
         if adopt is not None:
             leases.hold(self.client, "session", adopt.id, self.owner)
         if share_snapshot is not None:
@@ -129,7 +139,8 @@ class DrumsProvider(_ProviderBase):
         return self._client
 
     def image_ref(self, path_to_vm: str | None = None) -> ImageRef:
-        return ImageRef(parse_path(path_to_vm if path_to_vm is not None else self.path_to_vm), self.screen)
+        return ImageRef(parse_path(path_to_vm if path_to_vm is not None else self.path_to_vm), self.screen,
+                        self.network)
 
     def _own(self, snapshot_id: str) -> None:
         if snapshot_id not in self._owned:
@@ -236,6 +247,7 @@ class DrumsProvider(_ProviderBase):
                 fn = getattr(setup_controller, name, None)
                 if callable(fn) and not getattr(fn, "__drums_marking__", False):
                     setattr(setup_controller, name, marking(fn))
+        setup_watch.wrap(self, setup_controller)
 
     # ------------------------------------------------------------------ OSWorld's interface
     def start_emulator(self, path_to_vm: str | None, headless: bool = True, os_type: str = "Ubuntu",
@@ -334,6 +346,9 @@ class DrumsProvider(_ProviderBase):
             self._destroy(adopt)
         self._next = None
         self._release_snapshots()
+        journal, self._journal = getattr(self, "_journal", None), None
+        if journal is not None:
+            journal.close()
         if self._client is not None:
             leases.stop_watchdog_if_idle(self._client)
 

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 from drums_core.errors import InvalidArgument, NotFound, Unavailable
 
+from ..setup_journal import SetupFailed, SetupReport, missing_apps_for
+
 log = logging.getLogger("drums.osworld.snapshot")
 
 POST_SETUP_PREFIX = "post_setup:"
@@ -87,6 +89,9 @@ def drums_reset(env: Any, original_reset: Callable, task_config: dict | None = N
     t0 = time.monotonic()
     mode = ReuseMode.parse(prov.reuse_mode)
     prov.timings.clear()  # this reset's phases only: destroy, start (restore), saved_post_setup, reverted
+    prov.setup_reports.clear()
+    prov.setup_report = None
+    prov.setup_phase = "setup"
     try:
         if mode is ReuseMode.POST_SETUP and task_config is not None and task_config.get("config"):
             obs = _post_setup_reset(env, prov, original_reset, task_config, seed, options)
@@ -97,9 +102,35 @@ def drums_reset(env: Any, original_reset: Callable, task_config: dict | None = N
             obs = original_reset(env, task_config, seed=seed, options=options)
             prov.timings["reverted"] = float(prov.timings.get("start") is not None)
     finally:
+        prov.setup_phase = None
         prov.mark_used()  # from here on the desktop belongs to this rollout
         prov.timings["reset"] = time.monotonic() - t0
+        prov.setup_report = _setup_report(prov, task_config)
+    report = prov.setup_report
+    if not report.ok:
+        tid = (task_config or {}).get("id")
+        log.warning("task %s: %s%s", tid, report.describe(),
+                    "" if prov.strict_setup else " (this attempt is invalid: do not score it)")
+        if prov.strict_setup:
+            raise SetupFailed(report, tid)
     return obs
+
+
+def _setup_report(prov: Any, task: dict | None) -> SetupReport:
+    """This reset's setup report: the last ``setup()`` it ran, else (a desktop restored after its
+    setup) the restored guest's own record of that setup."""
+    ran = [r for phase, r in prov.setup_reports if phase == "setup"]
+    if ran:
+        report = ran[-1]
+    elif task and task.get("config"):
+        from ..provider.setup_watch import read_current
+
+        report = read_current(prov)
+    else:
+        return SetupReport(label="no setup")
+    if not report.ok:
+        report.missing_apps = missing_apps_for(task, prov.image_ref().image)
+    return report
 
 
 def _post_setup_reset(env: Any, prov: Any, original_reset: Callable, task: dict, seed: Any, options: Any) -> dict:
@@ -127,6 +158,7 @@ def _post_setup_reset(env: Any, prov: Any, original_reset: Callable, task: dict,
     obs = original_reset(env, skipped, seed=seed, options=options)
     env.config = list(task.get("config") or [])
     prov.timings["reverted"] = float(reverted)
+    prov.timings["from_saved_state"] = 1.0
     return obs
 
 
@@ -142,6 +174,10 @@ def _setup_and_save(env: Any, prov: Any, original_reset: Callable, task: dict, s
     prov.mark_used()
     t0 = time.monotonic()
     prov.timings["reverted"] = float("start" in prov.timings)
+    report = _setup_report(prov, task)
+    if not report.ok:  # never keep a failed setup as the state later rollouts start from
+        log.warning("not saving %s: %s", name, report.describe())
+        return obs
     try:
         saved = prov.checkpoint(name, scope=scope, private=False, cache=True)
     except Unavailable as exc:  # rolled back, the desktop runs on: this rollout proceeds unsaved
