@@ -205,8 +205,12 @@ def chrome_open(url, title):
 
 def node_states(app, name, role=None, timeout=30):
     """The state names (``focused``, ``expanded``, ``checked``, ...) of the node ``find_node`` finds."""
-    import pyatspi
     node, _ = find_node(app, name, role, timeout)
+    return states_of(node)
+
+
+def states_of(node):
+    import pyatspi
     try:
         return {pyatspi.stateToString(s) for s in node.getState().getStates()}
     except Exception:  # noqa: BLE001 - gone meanwhile
@@ -247,3 +251,83 @@ def steady(probe, quiet=1.0, timeout=30, why='it kept changing'):
             return value
         time.sleep(0.1)
     fail(f'{why} (waited {timeout} s; last {last!r})')
+
+
+TERMINAL = r'gnome-terminal-server\.Gnome-terminal '
+
+
+def terminal():
+    """Open a terminal the way OSWorld's tasks do (ctrl+alt+t), wait until it has the focus and its
+    shell shows a prompt (its text in the AT-SPI tree ends with '$')."""
+    retry(lambda: pyautogui.hotkey('ctrl', 'alt', 't'), lambda: find_window(TERMINAL), 5,
+          'ctrl+alt+t opened no terminal')
+    focus(TERMINAL)
+
+    def prompt():
+        try:
+            node, _ = find_node('^gnome-terminal-server$', '', 'terminal', 1)
+            text = node.queryText()
+            return text.getText(0, -1).rstrip().endswith('$')
+        except Exception:  # noqa: BLE001 - not there yet
+            return False
+    wait(prompt, 30, 'the terminal never showed a prompt')
+
+
+def exists(app, name, role=None):
+    """Whether ``find_node`` finds the node right now."""
+    try:
+        find_node(app, name, role, 0)
+        return True
+    except SystemExit:
+        return False
+
+
+def find_nodes(app, name, role=None):
+    """Every visible node ``find_node`` would consider, as (node, extents), right now."""
+    import pyatspi
+    out = []
+    for a in pyatspi.Registry.getDesktop(0):
+        if a is None or not re.search(app, a.name or ''):
+            continue
+        for n in _nodes(a):
+            try:
+                if re.search(name, n.name or '') and (role is None or n.getRoleName() == role):
+                    ext = _extents(n)
+                    if ext:
+                        out.append((n, ext))
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                continue
+    return out
+
+
+def click_at(ext, clicks=1):
+    x, y, w, h = ext
+    pyautogui.click(x + w // 2, y + h // 2, clicks=clicks, interval=0.1)
+
+
+def inside(ext, box):
+    """Whether extents ``ext`` lie within ``box`` (both x, y, width, height)."""
+    return box[0] <= ext[0] and box[1] <= ext[1] and ext[0] + ext[2] <= box[0] + box[2] \
+        and ext[1] + ext[3] <= box[1] + box[3]
+
+
+def calm(main, popups, quiet=2.0, timeout=120):
+    """Wait until the window ``main`` (a `wmctrl -lx` regex) is up and stays active for ``quiet``
+    seconds, closing any window matching ``popups`` (first-start dialogs) on the way."""
+    end = time.monotonic() + timeout
+    since = None
+    while time.monotonic() < end:
+        popup = find_window(popups)
+        if popup:
+            subprocess.run(['wmctrl', '-ic', popup])
+            since = None
+        elif (wid := find_window(main)) and active_id() == int(wid, 16):
+            since = since or time.monotonic()
+            if time.monotonic() - since >= quiet:
+                return wid
+        else:
+            if wid:
+                subprocess.run(['wmctrl', '-ia', wid])
+            since = None
+        time.sleep(0.2)
+    fail(f'{main!r} never stayed active for {quiet} s')
