@@ -150,9 +150,15 @@ class Daemon:
         if op == "stats":
             return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}
         if op in ("export_snapshot", "import_snapshot"):
+            import contextlib
+
             from . import transfer
 
-            return transfer.dispatch(sup.store, op, args)
+            with contextlib.ExitStack() as held:  # a chain being packed is neither evicted nor spilled meanwhile
+                if op == "export_snapshot":
+                    for snap in transfer.snapshot_chain(sup.store, check_name(args["snapshot"], "snapshot id")):
+                        held.enter_context(sup.keeper.hold(snap.id))
+                return transfer.dispatch(sup.store, op, args)
         if op == "inject" and faults.test_hooks_enabled():
             faults.inject(str(args["point"]), int(args.get("times", 1)))
             return {"injected": args["point"]}

@@ -135,11 +135,17 @@ def _child(spec: dict, report_w: int) -> None:
     os._exit(0)
 
 
+def prepare_root(root: str, owner: int) -> None:
+    """Run by the daemon on a fresh session root before the launcher starts (outside the session's
+    cgroup: on an image that still has other device nodes, hiding them copies them up, which the
+    group's device rules would deny)."""
+    make_dev_nodes(root, owner)
+    os.chown(root, owner, owner)  # the root directory is the fresh upper's: root's own
+    os.chmod(root, 0o755)
+
+
 def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
-    make_dev_nodes(spec["root"], spec["id_base"])
-    os.chown(spec["root"], spec["id_base"], spec["id_base"])  # the root directory is the fresh upper's: root's own
-    os.chmod(spec["root"], 0o755)
     report_r, report_w = os.pipe()
     child = os.fork()
     if child == 0:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from . import cgroups, criu, display, faults, images, linux, netns, netpolicy, rootfs
+from . import cgroups, criu, display, faults, images, launch, linux, netns, netpolicy, rootfs
 from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -486,6 +486,7 @@ class Supervisor:
                 "id_base": ID_BASE, "id_count": ID_COUNT, "sizes": s.spec.sizes()}
         launch_file = Path(s.dir) / "launch.json"
         launch_file.write_text(json.dumps(spec))
+        launch.prepare_root(s.root, ID_BASE)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         here = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = here  # the launcher is the host's code (it runs as host root, before the pivot)

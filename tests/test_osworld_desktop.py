@@ -46,3 +46,117 @@ def test_import_pyautogui_prints_nothing_fresh_and_restored(client):
     finally:
         _destroy(client, made)
     client.delete_snapshot(snap["id"])
+
+
+OSWORLD = "osworld"
+
+
+def _wait(what: str, probe, timeout: float = 60.0, every: float = 0.3):
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            got = probe()
+            if got:
+                return got
+            last = got
+        except (requests.RequestException, OSError) as exc:
+            last = exc
+        time.sleep(every)
+    raise AssertionError(f"{what} not within {timeout:.0f}s (last: {last!r})")
+
+
+def _windows(g: GuestClient) -> str:
+    return g.execute("wmctrl -lx", shell=True).output
+
+
+@pytest.fixture
+def osworld_desktop(client):
+    s = client.create(desktop_spec(image=OSWORLD))
+    yield s
+    if any(x["id"] == s["id"] for x in client.list()):
+        client.destroy(s["id"])
+
+
+def test_osworld_services_answer(osworld_desktop):
+    """PulseAudio (pactl), timedatectl through the session's own timedated, the GNOME settings
+    OSWorld's getters read (dconf-backed, writable), the platform line, all in one desktop."""
+    g = _guest(osworld_desktop)
+    r = g.execute(["python", "-c", PLATFORM])
+    assert (r.output, r.error) == ("Linux\n", "")
+    pactl = g.execute("pactl info", shell=True)
+    assert pactl.returncode == 0 and "Server Name: pulseaudio" in pactl.output, pactl
+    status = g.execute("timedatectl status", shell=True)
+    assert status.returncode == 0, status
+    assert status.output.split("\n")[3].strip() == "Time zone: Asia/Hong_Kong (HKT, +0800)", status.output
+    assert g.execute("gsettings get org.gnome.desktop.interface toolkit-accessibility",
+                     shell=True).output.strip() == "true"
+    assert "google-chrome.desktop" in g.execute("gsettings get org.gnome.shell favorite-apps", shell=True).output
+    g.execute("gsettings set org.gnome.desktop.notifications show-banners false", shell=True)
+    assert g.execute("gsettings get org.gnome.desktop.notifications show-banners",
+                     shell=True).output.strip() == "false"
+    # session root may set the time zone, as a task's solution does with sudo
+    g.execute("echo password | sudo -S timedatectl set-timezone UTC", shell=True)
+    assert g.execute("timedatectl status", shell=True).output.split("\n")[3].endswith("+0000)")
+
+
+def test_chromium_devtools_on_9222_survives_checkpoint_and_restore(client, osworld_desktop):
+    """OSWorld's Chrome setup: google-chrome with remote debugging on 1337, socat to 9222; the host
+    reaches DevTools on the guest address; two restored siblings each answer with their own."""
+    s = osworld_desktop
+    g = _guest(s)
+    g.launch(["google-chrome", "--remote-debugging-port=1337"])
+    g.launch(["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"])
+    version = _wait("DevTools on 9222", lambda: requests.get(f"http://{s['address']}:9222/json/version",
+                                                             timeout=3).json())
+    assert version["Browser"].startswith("Chrome/")
+    _wait("a Chromium window", lambda: "chromium" in _windows(g).lower())
+    assert g.execute("test -d ~/.config/google-chrome/Default && echo yes", shell=True).output == "yes\n"
+    snap = client.checkpoint(s["id"], leave_running=False)
+    sibs = client.restore(snap["id"], count=2)
+    try:
+        pages = []
+        for sib in sibs:
+            listing = requests.get(f"http://{sib['address']}:9222/json/list", timeout=10).json()
+            assert listing and all(sib["address"] in p.get("webSocketDebuggerUrl", sib["address"]) for p in listing)
+            pages.append(listing[0]["id"])
+            assert "chromium" in _windows(_guest(sib)).lower()
+        assert len(pages) == 2
+    finally:
+        _destroy(client, sibs)
+    client.delete_snapshot(snap["id"])
+
+
+def test_vlc_web_interface_and_terminal_key(osworld_desktop):
+    """VLC's web interface where OSWorld's getters read it (8080, password "password"), and
+    ctrl+alt+t opens a terminal, as the tasks press it."""
+    s = osworld_desktop
+    g = _guest(s)
+    g.launch("VLC_VERBOSE=-1 vlc --no-audio --no-video-title-show", shell=True)
+    status = _wait("VLC's web interface", lambda: requests.get(
+        f"http://{s['address']}:8080/requests/status.xml", auth=("", "password"), timeout=3))
+    assert status.status_code == 200 and "<state>" in status.text
+    assert requests.get(f"http://{s['address']}:8080/requests/status.xml", auth=("", "wrong"),
+                        timeout=3).status_code == 401
+    g.run_python("pyautogui.hotkey('ctrl', 'alt', 't')")
+    _wait("a terminal on ctrl+alt+t", lambda: "gnome-terminal" in _windows(g).lower())
+
+
+def test_desktop_applications_open_and_branch(client, osworld_desktop):
+    """GIMP, Thunderbird, nautilus and LibreOffice Impress open their windows; the desktop with all
+    of them open checkpoints (their inotify watches, Thunderbird's child processes) and restores."""
+    s = osworld_desktop
+    g = _guest(s)
+    for argv in (["gimp"], ["thunderbird"], ["nautilus"], ["libreoffice", "--impress"]):
+        g.launch(argv)
+    for cls in ("gimp.gimp", "thunderbird", "org.gnome.nautilus", "libreoffice-impress"):
+        _wait(f"a {cls} window", lambda cls=cls: cls in _windows(g).lower(), timeout=120)
+    snap = client.checkpoint(s["id"], leave_running=False)
+    (sib,) = client.restore(snap["id"], count=1)
+    try:
+        listing = _windows(_guest(sib)).lower()
+        for cls in ("gimp.gimp", "thunderbird", "org.gnome.nautilus", "libreoffice-impress"):
+            assert cls in listing, listing
+    finally:
+        _destroy(client, [sib])
+    client.delete_snapshot(snap["id"])

@@ -20,6 +20,7 @@ osworld-tasks  OSWorld's task set (--tasks DIR) on untouched desktops, reset + e
                modes, every task classified (clean, needs app, setup/evaluator error, ...)
 profile        where a restore's time goes, phase by phase, inside and outside CRIU
 spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
+spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
 =============  ==================================================================================
 
 ``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
@@ -45,6 +46,7 @@ SUITES = {
     "osworld-tasks": ("osworld_tasks", "run_osworld_tasks"),
     "profile": ("profile", "run_profile"),
     "cluster": ("cluster", "run_cluster"),
+    "spill": ("spill", "run_spill"),
     "spill": ("spill", "run_spill"),
 }
 
