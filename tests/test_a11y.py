@@ -212,6 +212,37 @@ def test_chromium_tree_names_the_address_bar(client, tmp_path):
         client.destroy(s["id"])
 
 
+def test_gtk_apps_gimp_and_terminal(client):
+    """GTK 2 (GIMP, through gail and the atk-bridge module) and GTK 3 (gnome-terminal) export their
+    trees; ``/terminal`` reads the focused terminal as OSWorld's guest does."""
+    s = client.create(desktop_spec(image=IMAGE, extra_programs=[
+        {"name": "gimp", "argv": ["gimp", "--no-splash"]}]))
+    try:
+        g = _guest(s)
+        if g.execute(["test", "-e", "/usr/lib/x86_64-linux-gnu/gtk-2.0/modules/libgail.so"]).returncode != 0:
+            pytest.fail("the osworld image lacks libgail-common: GTK 2 apps (GIMP) cannot load gail, so "
+                        "atk-bridge has no root and GIMP never joins the accessibility bus")
+        _wait_tree(s, lambda r: any(a.get("name") == "gimp" and a.find("frame") is not None for a in r),
+                   "GIMP's frame", timeout=120)
+        g.launch(["gnome-terminal"])
+        _wait_tree(s, lambda r: r.find(".//terminal") is not None, "gnome-terminal's terminal", timeout=60)
+        deadline = time.monotonic() + 60
+        while g.terminal() is None:  # None until its window is active and its terminal focused
+            assert time.monotonic() < deadline, "gnome-terminal never had the focus"
+            time.sleep(0.5)
+        _type(g, "echo drums-$((6*7))\n")
+        while "drums-42" not in (g.terminal() or ""):
+            assert time.monotonic() < deadline, f"/terminal never showed the command's output: {g.terminal()!r}"
+            time.sleep(0.5)
+        body, root = _wait_tree(s, lambda r: True, "the tree")
+        _check_form(body["AT"], root)
+        names = [a.get("name") for a in root]
+        assert "gimp" in names and "gnome-terminal-server" in names, names
+        _latency(s, "GIMP + gnome-terminal", n=3)
+    finally:
+        client.destroy(s["id"])
+
+
 def test_siblings_each_have_their_own_tree(client):
     s = client.create(desktop_spec(image=IMAGE, extra_programs=[WRITER]))
     made = [s]
