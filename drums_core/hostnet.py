@@ -67,11 +67,13 @@ def record_path(ifname: str) -> Path:
 
 
 def ifindex(ifname: str) -> int | None:
-    try:
-        with open(f"/sys/class/net/{ifname}/ifindex") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
+    """The interface's index in this process's network namespace (by netlink: ``/sys`` shows the
+    namespace it was mounted in), or None."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+    return idx[0] if idx else None
 
 
 def read_setting(path: str) -> str | None:

@@ -13,7 +13,9 @@ The run's table (:func:`drums_core.netns.create_nft_table`) has, for this module
 A session's chain ``nat_<link>`` accepts, in order: IPv4 only, from the session's own address
 only (spoofed sources are dropped), out through its upstream only (so never to the host, another
 session, or out another interface), to its DNS servers on port 53, to the networks the host
-granted (``allow``); it drops the blocked ranges and accepts the rest. Everything of one session
+granted (``allow``); it drops the blocked ranges and accepts the rest. When the session goes, the
+host's conntrack entries of the flows it opened go too (late replies never reach the slot's next
+session). Everything of one session
 goes in or out in one ``nft`` transaction; clearing it is idempotent (an element or chain that is
 absent is added and deleted again in the same transaction), so a slot is always clean before reuse.
 """
@@ -70,6 +72,28 @@ def clear_script(table: str, ifname: str, address: str) -> str:
     ]) + "\n"
 
 
+def forget_flows(address: str) -> int:
+    """Delete the host's conntrack entries of flows a session at ``address`` opened, so that late
+    replies of a gone session never reach the next one given the same slot. Returns how many."""
+    import socket
+
+    from pyroute2 import Conntrack
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    n = 0
+    ct = Conntrack()
+    try:
+        for entry in list(ct.dump_entries(tuple_orig=NFCTAttrTuple(saddr=address, family=socket.AF_INET))):
+            try:
+                ct.delete(entry)
+                n += 1
+            except Exception:  # noqa: BLE001 - gone meanwhile (a timeout or another delete)
+                pass
+    finally:
+        ct.close()
+    return n
+
+
 def _set_link_forwarding(ifname: str, value: str) -> None:
     if not re.fullmatch(r"dvh[0-9]{1,5}", ifname):
         raise Unavailable(f"{ifname!r} is not a session link", reason="BAD_LINK")
@@ -92,17 +116,11 @@ class NatManager:
     def attach(self, sid: str, ifname: str, address: str, policy: NetworkPolicy) -> None:
         """Route session ``sid`` (its link ``ifname`` exists, its guest side is configured) out
         through its upstream. Raises Unavailable (nothing of the session left in place), or
-        FailedPrecondition ``NAT_BLOCKED`` while an older Drums run's table drops routed session traffic."""
-        from .netns import blocking_tables
-
-        blockers = blocking_tables(self.table)
-        if blockers:
-            raise FailedPrecondition(f"the nftables tables {', '.join(blockers)} of Drums daemons from before network "
-                                     "policies drop every session link's routed traffic: restart those daemons "
-                                     "(`drums shutdown`, after `scripts/provision`) to use 'nat'",
-                                     reason="NAT_BLOCKED", detail={"tables": blockers})
+        FailedPrecondition ``NAT_BLOCKED`` while an older Drums run's table drops routed session traffic
+        (looked for when the run first holds the upstream)."""
         with self._lock:
             if not self._users.get(policy.upstream):
+                self._check_not_blocked()
                 try:
                     hostnet.acquire(self.ledger, policy.upstream,
                                     on_change=lambda: self._guard(policy.upstream, True))
@@ -127,6 +145,10 @@ class NatManager:
         except (Unavailable, subprocess.TimeoutExpired) as exc:
             log.error("rules of session %s on %s not removed: %s", sid, ifname, exc)
             ok = False
+        try:
+            forget_flows(address)
+        except Exception as exc:  # noqa: BLE001 - the rules are gone: stale flows only time out later
+            log.warning("conntrack entries of session %s (%s) not removed: %s", sid, address, exc)
         with self._lock:
             users = self._users.get(policy.upstream, set())
             if sid not in users:
@@ -142,6 +164,16 @@ class NatManager:
             hostnet.release(self.ledger, upstream, on_released=lambda: self._guard(upstream, False))
         except DrumsError as exc:  # the entry stays: the sweep puts the setting back
             log.error("forwarding on %s not put back: %s", upstream, exc.message)
+
+    def _check_not_blocked(self) -> None:
+        from .netns import blocking_tables
+
+        blockers = blocking_tables(self.table)
+        if blockers:
+            raise FailedPrecondition(f"the nftables tables {', '.join(blockers)} of Drums daemons from before network "
+                                     "policies drop every session link's routed traffic: restart those daemons "
+                                     "(`drums shutdown`, after `scripts/provision`) to use 'nat'",
+                                     reason="NAT_BLOCKED", detail={"tables": blockers})
 
     def _guard(self, upstream: str, on: bool) -> None:
         t = f"inet {self.table}"

@@ -182,9 +182,9 @@ def _route_oif(ipr, dst: str) -> tuple[int | None, int]:
     return r.get_attr("RTA_OIF"), r["type"]
 
 
-def host_resolvers(paths: tuple[str, ...] = HOST_RESOLV_CONFS) -> list[str]:
+def host_resolvers(paths: tuple[str, ...] | None = None) -> list[str]:
     out: list[str] = []
-    for path in paths:
+    for path in HOST_RESOLV_CONFS if paths is None else paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 lines = f.read(65536).splitlines()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -41,6 +40,15 @@ def _wait(cond, timeout: float, step: float = 0.02):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(step)
+
+
+def link_exists(ifname: str) -> bool:
+    """By netlink, in this process's network namespace (``/sys/class/net`` shows the one ``/sys`` was
+    mounted in, which differs when the tests run in a namespace of their own)."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return bool(ipr.link_lookup(ifname=ifname))
 
 
 class StandIn:
@@ -122,7 +130,7 @@ class StandIn:
                 if f:
                     f.close()
             self.proc = None
-        gone = _wait(lambda: not os.path.exists(f"/sys/class/net/{self.ifname}"), 10)
+        gone = _wait(lambda: not link_exists(self.ifname), 10)
         if not gone:  # the namespace is gone, so its veth should be: remove the host end by hand
             subprocess.run(["ip", "link", "del", self.ifname], capture_output=True)
 

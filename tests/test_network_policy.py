@@ -20,6 +20,7 @@ What is checked:
 4. session root changing its address, routes, loopback and source addresses (raw sockets), and
    using IPv6, reaches nothing more;
 5. siblings restored from a ``nat`` checkpoint (and a checkpoint left running) keep a working route;
+   a snapshot whose upstream is gone is refused with ``UPSTREAM_MISSING``;
 6. forwarding on the upstream is on only while some run holds it, and is put back when the last
    session goes, also by the sweep after a daemon was killed (a daemon of another instance holding
    the same upstream keeps it on until its own last session goes);
@@ -42,7 +43,7 @@ from drums_core.config import ID_BASE, STATE_ROOT, Instance
 from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.netpolicy import NetworkPolicy, parse_text
 from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
-from tests.netstandin import StandIn
+from tests.netstandin import StandIn, link_exists
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -167,6 +168,17 @@ class Listeners:
             t.join(timeout=2)
         for s in self.socks.values():
             s.close()
+
+
+def conntrack_flows_from(address: str) -> int:
+    from pyroute2 import Conntrack
+    from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
+
+    ct = Conntrack()
+    try:
+        return len(list(ct.dump_entries(tuple_orig=NFCTAttrTuple(saddr=address, family=socket.AF_INET))))
+    finally:
+        ct.close()
 
 
 def host_ipv6_link_local(ifname: str) -> str | None:
@@ -350,6 +362,10 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
         pass
     with socket.create_connection((b["address"], 8000), timeout=5):
         pass
+    deadline = time.monotonic() + 5
+    while len(listeners.accepted) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(n for n, _ in listeners.accepted) == ["any", "any", "loopback"], listeners.accepted
     seen_by_host = len(listeners.accepted)
 
     got = probe(drums, a["id"], [
@@ -382,10 +398,22 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
     assert {h["src"] for h in log["http"]} == {up.host_address}, "not masqueraded behind the upstream's address"
     assert {d["src"] for d in log["dns"]} == {up.host_address} and "web.standin.test" in [d["name"] for d in log["dns"]]
     assert other.log() == {"http": [], "dns": [], "udp": []}
+    time.sleep(0.5)  # an accept in flight would show now
     assert listeners.accepted[seen_by_host:] == [], listeners.accepted
 
     drums.destroy(a["id"])
     assert_released(up)
+    assert conntrack_flows_from(a["address"]) == 0, "the gone session's flows are still tracked"
+
+
+def test_without_dns_the_hosts_resolvers_behind_the_upstream_are_used(up, tmp_path, monkeypatch):
+    from drums_core import netpolicy
+
+    conf = tmp_path / "resolv.conf"
+    conf.write_text(f"nameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver {DNS}\nnameserver ::1\n")
+    monkeypatch.setattr(netpolicy, "HOST_RESOLV_CONFS", (str(conf),))
+    got = netpolicy.resolve_for_host(NetworkPolicy.from_spec({"policy": "nat", "upstream": up.ifname}))
+    assert got.dns == (DNS,), got  # loopback, IPv6 and a resolver the host reaches elsewhere are left out
 
 
 def test_a_grant_opens_exactly_the_granted_address(drums, sessions, up):
@@ -450,6 +478,7 @@ def test_session_root_cannot_route_spoof_or_readdress_its_way_out(drums, session
     new_http = [h["path"] for h in log["http"][len(before_log["http"]):]]
     assert new_http == [], new_http
     assert other.log() == {"http": [], "dns": [], "udp": []}
+    time.sleep(0.5)  # an accept in flight would show now
     assert listeners.accepted == [], listeners.accepted
     # the victim still answers its host, and nothing of a's got to it
     with socket.create_connection((victim["address"], 8000), timeout=5):
@@ -489,6 +518,22 @@ def test_restored_siblings_keep_a_working_route(drums, sessions, up):
                     drums.delete_snapshot(sn["id"])
 
 
+def test_restoring_a_snapshot_whose_upstream_is_gone_fails_clearly(drums):
+    gone_dns = "198.51.100.153"
+    with StandIn(f"dsx{os.getpid() % 100000}", 2, {"dns.gone.test": gone_dns}, routed="198.51.100.128/25",
+                 name="gone") as tmp:
+        s = drums.create({"network": {"policy": "nat", "upstream": tmp.ifname, "dns": [gone_dns]}})
+        snap = drums.checkpoint(s["id"])
+    try:
+        before = drums.list()
+        with pytest.raises(FailedPrecondition) as err:
+            drums.restore(snap["id"], count=2)
+        assert err.value.reason == "UPSTREAM_MISSING" and tmp.ifname in err.value.message, err.value
+        assert drums.list() == before
+    finally:
+        drums.delete_snapshot(snap["id"])
+
+
 # ------------------------------------------------------------------------------------------ 6
 def _spare(name: str, index: int) -> Instance:
     return Instance(name=f"{name}-{os.getpid()}", slot_base=SPARE_SLOTS[12 + index], slot_count=1)
@@ -516,7 +561,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         assert up.forwarding() == "1", "another run's session still uses the upstream"
         assert set(hostnet_record(up.ifname)["holders"]) == {drums.ping()["run"]}
         assert Ledger.runs(inst.ledger_root) == []
-        assert not os.path.exists(f"/sys/class/net/dvh{s2['slot']}")
+        assert not link_exists(f"dvh{s2['slot']}")
         got = probe(drums, kept["id"], [["fetch", "http://web.standin.test/still", 5]])
         assert got == ["standin upstream /still"], got
         drums.destroy(kept["id"])
