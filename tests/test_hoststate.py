@@ -1,23 +1,26 @@
 """``drums_core.hoststate.instance_leaks`` finds each kind of resource an instance can leave, and
-only that instance's: real tagged processes, a tmpfs mount, a link, nftables tables, an X11 link and a
-cgroup, next to decoys of a neighbouring instance whose name starts with this one's.
+only that instance's: real tagged processes, a tmpfs mount, a link, nftables tables, an X11 link, a
+cgroup and a held host setting (a ``nat`` upstream's shared record), next to decoys of a
+neighbouring instance whose name starts with this one's.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-from drums_core import cgroups
+from drums_core import cgroups, hostnet
 from drums_core.config import Instance, display_number, host_ifname, nft_table_name
 from drums_core.hoststate import X11_DIR, instance_leaks
 from drums_core.procs import run_tag
 
 from tests.conftest import SPARE_SLOTS, require_root
 
-EMPTY = {"processes": [], "mounts": [], "links": [], "nft": [], "x11links": [], "cgroups": [], "probe_errors": []}
+EMPTY = {"processes": [], "mounts": [], "links": [], "nft": [], "x11links": [], "cgroups": [], "hostnet": [],
+         "probe_errors": []}
 
 
 def _run(*argv: str) -> None:
@@ -37,6 +40,7 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
     assert len(long_table) == 60 and len(table) < 60   # the long instance's names are cut
     link, other_link = host_ifname(inst.slot_base), host_ifname(neighbour.slot_base)
     x11 = Path(X11_DIR) / f"X{display_number(inst.slot_base)}"
+    record = hostnet.hostnet_dir() / f"forwarding-hoststate{os.getpid()}.json"
     sleeper = [sys.executable, "-c", "import time; time.sleep(120)", "--tag"]
     procs = []
     driver = cgroups.detect()
@@ -53,6 +57,10 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
             _run("nft", "add", "table", "inet", name)
         Path(X11_DIR).mkdir(mode=0o1777, exist_ok=True)
         os.symlink("/nonexistent-drums-test", x11)
+        # a shared record of a host setting (drums_core.hostnet) that one of its runs still holds
+        hostnet.hostnet_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+        record.write_text(json.dumps({"ifname": link, "ifindex": None, "prior": "0",
+                                      "holders": {run: str(inst.ledger_root)}}))
 
         leaks = instance_leaks(inst)
         assert leaks["processes"] == [[procs[0].pid, run_tag(run)]]
@@ -61,6 +69,7 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
         assert leaks["nft"] == [table]
         assert leaks["x11links"] == [x11.name]
         assert leaks["cgroups"] == groups[0].paths
+        assert len(leaks["hostnet"]) == 1 and link in leaks["hostnet"][0] and run in leaks["hostnet"][0]
         assert leaks["probe_errors"] == []
 
         theirs = instance_leaks(neighbour)
@@ -68,6 +77,7 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
         assert theirs["links"] == [other_link] and theirs["nft"] == [other_table]
         assert theirs["mounts"] == [] and theirs["x11links"] == []
         assert theirs["cgroups"] == groups[1].paths
+        assert theirs["hostnet"] == []
         assert instance_leaks(long)["nft"] == [long_table]   # a table name cut at 60 is still found
     finally:
         for p in procs:
@@ -77,6 +87,7 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
             g.remove()
         if x11.is_symlink():
             x11.unlink()
+        record.unlink(missing_ok=True)
         for name in (table, other_table, long_table):
             subprocess.run(["nft", "delete", "table", "inet", name], capture_output=True)
         for name in (link, other_link):   # deleting one end deletes its peer
