@@ -26,6 +26,13 @@ What is checked:
    the same upstream keeps it on until its own last session goes);
 7. the gym env takes the policy as an argument or from ``$DRUMS_NETWORK``; ``drums up --network``
    refuses bad input. (The OSWorld provider: tests/osworld/test_network_osworld.py.)
+
+While a Drums daemon from before network policies runs on the host, its nftables table drops every
+session link's routed traffic and ``nat`` is refused with ``NAT_BLOCKED`` (these tests then fail
+saying so). They can run meanwhile in a network namespace of their own (nftables and the sysctls
+are per namespace; the tests make everything they route to)::
+
+    unshare --net sh -c 'ip link set lo up; exec python -m pytest tests/test_network_policy.py'
 """
 from __future__ import annotations
 
