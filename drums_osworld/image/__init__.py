@@ -27,7 +27,7 @@ USER_HOME = "/home/user"
 PACKAGES = (
     "chromium", "gimp", "vlc", "thunderbird", "nautilus", "socat", "gnome-terminal",
     "pulseaudio", "pulseaudio-utils",
-    "python3-pyatspi", "gir1.2-atspi-2.0", "at-spi2-core", "libatk-adaptor", "libreoffice-gtk3",
+    "python3-pyatspi", "gir1.2-atspi-2.0", "at-spi2-core", "libatk-adaptor", "libgail-common", "libreoffice-gtk3",
     "gsettings-desktop-schemas", "gnome-shell-common", "dconf-cli", "dconf-gsettings-backend", "dconf-service",
     "libglib2.0-bin", "systemd", "tzdata", "dbus",
     "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
