@@ -23,7 +23,8 @@ What is checked:
    a snapshot whose upstream is gone is refused with ``UPSTREAM_MISSING``;
 6. forwarding on the upstream is on only while some run holds it, and is put back when the last
    session goes, also by the sweep after a daemon was killed (a daemon of another instance holding
-   the same upstream keeps it on until its own last session goes);
+   the same upstream keeps it on until its own last session goes; a daemon that adopts a stopped
+   one's sessions takes over their route and the hold);
 7. the gym env takes the policy as an argument or from ``$DRUMS_NETWORK``; ``drums up --network``
    refuses bad input. (The OSWorld provider: tests/osworld/test_network_osworld.py.)
 
@@ -586,6 +587,21 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         assert up.forwarding() == "1"
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1 and report.errors == 0, report.to_dict()
+        assert_released(up)
+
+        # a daemon that stops leaving its sessions running: the next one adopts them, their route and
+        # the hold on the upstream (recorded by the new run before the old run's sweep lets go)
+        first = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_FAULT_AT": ""}, timeout=180)
+        old_run = first.ping()["run"]
+        s3 = first.create(nat(up.ifname))
+        first.shutdown(destroy_sessions=False)
+        second = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_FAULT_AT": ""}, timeout=180)
+        new_run = second.ping()["run"]
+        assert [s["id"] for s in second.list()] == [s3["id"]] and new_run != old_run
+        assert set(hostnet_record(up.ifname)["holders"]) == {new_run}
+        got = probe(second, s3["id"], [["fetch", "http://web.standin.test/adopted", 5]])
+        assert got == ["standin upstream /adopted"], got
+        second.destroy(s3["id"])
         assert_released(up)
     finally:
         stop_instance(inst)
