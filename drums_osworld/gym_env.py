@@ -106,7 +106,8 @@ ENTRY_POINT = "drums_osworld.gym_env:DrumsDesktopEnv"
 INSTRUCTION_MAX = 16_384
 #: Longest action: one ``python -c`` argument must stay under Linux's 128 KiB per-argument limit.
 ACTION_MAX = 32_768
-#: Default longest accessibility tree (characters); longer trees are cut (with a logged warning).
+#: Default longest accessibility tree (characters); a longer tree is cut at an element boundary
+#: (with a logged warning), so it still parses (drums_osworld.a11y_guard).
 A11Y_MAX = 1_000_000
 
 SPECIAL_ACTIONS = ("WAIT", "DONE", "FAIL")
@@ -690,10 +691,10 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._last_png = png
         obs: dict[str, Any] = {"screenshot": self._screenshot_array(png), "instruction": self._task.instruction}
         if self.require_a11y_tree:
-            tree = guest.accessibility() or ""
-            if len(tree) > self.a11y_max_length:
-                log.warning("accessibility tree of %d characters cut to %d", len(tree), self.a11y_max_length)
-                tree = tree[: self.a11y_max_length]
+            from .a11y_guard import EMPTY, contain
+
+            # the desktop's XML, contained: agents eval its coordinates; cut at an element, it still parses
+            tree = contain(guest.accessibility() or EMPTY, self.a11y_max_length).xml
             obs["accessibility_tree"] = tree
         return obs
 
