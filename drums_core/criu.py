@@ -204,6 +204,13 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
 # directories, /etc first (~50 ms on a Debian /etc); scanning these first finds them at once.
 IRMAP_HINTS = ("/etc/dbus-1", "/usr/share/dbus-1")
 
+# A file a process still has open or mapped after it was unlinked (a "ghost") is copied into the
+# images, up to this size each (CRIU's default is 1 MiB). Chromium unlinks its 4 MiB
+# BrowserMetrics-*.pma a few seconds after it starts and keeps it mapped: without this a desktop
+# with Chrome open could only be checkpointed in its first seconds. A larger ghost fails the dump
+# (CRIU_FAILED, the session goes on): the images stay bounded.
+GHOST_LIMIT = 64 << 20
+
 
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
          timeout: float = 120.0) -> CriuResult:
@@ -215,6 +222,7 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
         opts.leave_running = leave_running
         opts.tcp_established = True
         opts.irmap_scan_paths.extend(IRMAP_HINTS)
+        opts.ghost_limit = GHOST_LIMIT
         return _call("dump", opts, work_dir, timeout)
     finally:
         os.close(work_fd)
