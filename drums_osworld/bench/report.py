@@ -117,7 +117,7 @@ def _stacked(result: dict, spec: dict, path: Path, plt) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel(spec.get("ylabel", ""))
     ax.set_title(spec.get("title", result["suite"]), fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
