@@ -81,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="drums", description="Drums: desktops you can save, restore and branch")
     parser.add_argument("--json", action="store_true", help="print a JSON document")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="boot a cold desktop session")
+    up = sub.add_parser("up", help="boot a cold desktop session (an OSWorld desktop with its guest server)")
+    up.add_argument("--image", default=None,
+                    help="the desktop image (default: osworld; with --bare: default)")
+    up.add_argument("--bare", action="store_true",
+                    help="the engine's bare session: X, the window manager and --program only, no guest server")
     up.add_argument("--program", action="append", default=[], help="a program to start (shell words)")
     up.add_argument("--expect-window", default=None)
     up.add_argument("--screen", default="1920x1080")
@@ -170,8 +174,14 @@ def _run(args, client: Client) -> int:
         from .netpolicy import from_options
 
         network = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
-        s = client.create({"programs": programs, "expect_window": args.expect_window, "screen": [w, h],
-                           "network": network})
+        if args.bare:
+            spec = {"image": args.image or "default", "programs": programs}
+        else:  # on use only: drums_core stays OSWorld-free
+            from drums_osworld.desktop import OSWORLD_IMAGE, desktop_spec
+
+            spec = desktop_spec((w, h), args.image or OSWORLD_IMAGE, extra_programs=programs)
+        spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": network})
+        s = client.create(spec)
         _out(args, s, f"{s['id']} {s['address']} (ready in {s['timings']['ready']:.2f}s)")
     elif args.cmd == "ls":
         rows = client.list()

@@ -19,7 +19,11 @@ from .guest_client import GuestClient
 log = logging.getLogger("drums.osworld.desktop")
 
 GUEST_PORT = 5000
-DEFAULT_IMAGE = "default"
+# The desktop OSWorld's tasks expect (its applications, accessibility, sound, timedatectl): what
+# the provider, the gym env and `drums up` boot unless told otherwise. The engine's `default`
+# image (no Chromium, GIMP, VLC, ...) stays for bare sessions.
+OSWORLD_IMAGE = osworld_image.NAME
+DEFAULT_IMAGE = OSWORLD_IMAGE
 # What a desktop of an image adds to its session spec (services, environment), by image name.
 _IMAGE_DESKTOPS = {osworld_image.NAME: osworld_image.desktop_extras}
 
