@@ -254,7 +254,7 @@ def test_siblings_each_have_their_own_tree(client):
         snap = client.checkpoint(s["id"], leave_running=False)
         made = client.restore(snap["id"], count=2)
         words = {}
-        for sib, word in zip(made, ("alpha", "beta")):
+        for sib, word in zip(made, ("alpha", "beta"), strict=True):
             _type(_guest(sib), "-" + word)
             words[sib["id"]] = "common-" + word
         for sib in made:

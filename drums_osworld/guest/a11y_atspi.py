@@ -285,7 +285,7 @@ class Walker:
                 showing = False
                 if ch is not None:
                     ss = self._call(lambda ch=ch: ch.getState())
-                    showing = bool(ss is not None and self._call(lambda: ss.contains(showing_state), False))
+                    showing = bool(ss is not None and self._call(lambda ss=ss: ss.contains(showing_state), False))
                 if showing:
                     self._node(ch, depth + 1, flag, el.children)
                     if not found:
