@@ -24,7 +24,9 @@ Spaces:
 Episodes: ``reset()`` gives a desktop with the task's setup done. With ``reuse="none"`` (OSWorld's
 behaviour) every reset after the desktop was used boots a fresh desktop and runs the setup again;
 with ``reuse="post_setup"`` the first reset checkpoints the desktop after the setup and later
-resets of the same task restore that checkpoint instead. ``DONE`` and ``FAIL`` terminate;
+resets of the same task restore that checkpoint instead (when the snapshot store is full and nothing
+can be evicted or spilled, the episode goes on unsaved: ``info["post_setup_unsaved"] == "STORE_FULL"``).
+``DONE`` and ``FAIL`` terminate;
 ``max_steps`` (default 15, OSWorld's ``run.py``) truncates. The reward is 0 until the episode
 ends, then the task's evaluator score (``info["score"]``); :meth:`DrumsDesktopEnv.evaluate` scores
 the current state at any time. ``step()`` after the end raises ``gymnasium.error.ResetNeeded``.
@@ -567,6 +569,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._episode_over = True  # until this reset succeeds
         self._setup_report = None
         timings: dict[str, float] = {}
+        unsaved: str | None = None
         t0 = time.monotonic()
         state = family.post_setup.get(_task_key(task)) if self.reuse == "post_setup" else None
         if state is not None:
@@ -595,9 +598,17 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             source = "setup"
             if self.reuse == "post_setup" and self._setup_report.ok:  # a failed setup is never reused
                 t = time.monotonic()
-                state = self._save(None)
-                family.post_setup[_task_key(task)] = state
-                timings["checkpoint"] = time.monotonic() - t
+                try:
+                    state = self._save(None)
+                except Unavailable as exc:  # rolled back, the desktop runs on: this episode goes on unsaved
+                    if exc.reason != "STORE_FULL":
+                        raise
+                    log.warning("the snapshot store is full: the post-setup state of %s is not saved, later "
+                                "resets of the task run its setup again (%s)", task.id, exc.message)
+                    unsaved = exc.reason
+                else:
+                    family.post_setup[_task_key(task)] = state
+                    timings["checkpoint"] = time.monotonic() - t
         self._step_no = 0
         self._history = []
         self._episode_over = False
@@ -605,6 +616,8 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         obs = self.observe()
         timings["total"] = time.monotonic() - t0
         info = {"task_id": task.id, "session": self._desktop.id, "source": source, "seconds": timings}
+        if unsaved is not None:
+            info["post_setup_unsaved"] = unsaved
         report = self.setup_report
         if report is not None:
             info["setup"] = report.to_json()

@@ -410,3 +410,26 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         assert snap["state"] == "committed"
     finally:
         _clear(c)
+
+
+def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
+    """The gym env in post_setup mode: a store with no room (STORE_FULL) leaves the episode going on
+    unsaved (it scores as it should) and the next reset sets the task up again."""
+    from drums_osworld.gym_env import DrumsDesktopEnv
+    from drums_osworld.tasks import load_task
+
+    c = _daemon(budget_instance, DRUMS_STORE_BUDGET="8m", DRUMS_SPILL_DIR="off")  # below any desktop's need
+    path = REPO / "tasks" / "os" / "drums-os-make-executable.json"
+    env = DrumsDesktopEnv(task=path, reuse="post_setup", client=c, pause=0.2)
+    try:
+        for _ in range(2):
+            _obs, info = env.reset(seed=0)
+            assert (info["source"], info.get("post_setup_unsaved")) == ("setup", "STORE_FULL"), info
+            assert env.evaluate() == 0.0
+            for action in [*load_task(path).solution, "DONE"]:
+                _obs, reward, terminated, _truncated, info = env.step(action)
+            assert terminated and reward == 1.0, info
+        assert c.snapshots() == [] and c.store()["store_full"] == 2
+    finally:
+        env.close()
+        _clear(c)
