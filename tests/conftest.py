@@ -8,6 +8,7 @@ anything of Drums left behind: a leak fails the run.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,10 @@ def stop_instance(instance: Instance) -> dict:
     report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
     if instance.state_dir.exists() and is_mountpoint(instance.state_dir):
         unmount_tree(instance.state_dir)
+    # snapshots the store spilled to disk belonged to the tmpfs just unmounted (drums_core.storebudget)
+    from drums_core.storebudget import DEFAULT_SPILL_ROOT
+
+    shutil.rmtree(DEFAULT_SPILL_ROOT / instance.name, ignore_errors=True)
     for suffix in (".lock", ".start.lock", ".stderr", ".log"):
         (instance.state_root / f"{instance.name}{suffix}").unlink(missing_ok=True)
     try:
