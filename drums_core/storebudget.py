@@ -150,6 +150,8 @@ class StoreKeeper:
         self._gone: dict[str, dict] = {}  # id -> journal entry, for a clear NotFound
         self.counts = {"evicted": 0, "spilled": 0, "store_full": 0}
         self._load_journal()
+        log.info("snapshot store budget %.0f MiB (%s), spill directory %s, memory floor %.0f MiB",
+                 config.budget / MiB, config.source, config.spill_root or "off", config.mem_floor / MiB)
 
     # ------------------------------------------------------------------ holds
     @contextlib.contextmanager
