@@ -383,9 +383,11 @@ class SnapshotStore:
                 report["spill_undone"] = report.get("spill_undone", 0) + 1
         for d in list(self.root.iterdir()):
             if not d.name.startswith(".") and d.is_symlink() and not (d / MANIFEST).exists():
-                d.unlink()  # a spilled snapshot whose disk copy is gone: nothing left to serve
-                report["dangling"] = report.get("dangling", 0) + 1
-                continue
+                target = self._spill_target(d)
+                if target is not None and target.parent.is_dir():
+                    d.unlink()  # a spilled snapshot whose copy is gone from a spill directory that is there
+                    report["dangling"] = report.get("dangling", 0) + 1
+                continue  # else (the spill directory is not there now) left for a later start
             if d.name.startswith(".rm-"):
                 self.purge(d)
                 report["purged"] = report.get("purged", 0) + 1

@@ -433,3 +433,20 @@ def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
     finally:
         env.close()
         _clear(c)
+
+
+def test_recover_drops_a_spilled_link_only_when_its_copy_is_gone_from_a_spill_dir_that_is_there(tmp_path):
+    fab = Fab(tmp_path, budget_mib=100)
+    now = time.time()
+    fab.snap("kept", 2, "pinned", now)
+    fab.snap("lost", 2, "pinned", now)
+    for sid in ("kept", "lost"):
+        fab.keeper.spill_now(sid)
+    away = tmp_path / "spill-away"
+    fab.spill_root.rename(away)  # the spill disk is not there (not mounted yet, say)
+    SnapshotStore(fab.store.root, spill_root=fab.spill_root).recover()
+    assert sorted(p.name for p in fab.store.root.iterdir() if p.is_symlink()) == ["kept", "lost"]
+    away.rename(fab.spill_root)
+    shutil.rmtree(fab.spill_root / "lost")  # this copy really is gone
+    report = SnapshotStore(fab.store.root, spill_root=fab.spill_root).recover()
+    assert report["dangling"] == 1 and fab.listed() == {"kept": "disk"} and fab.debris() == []
