@@ -20,7 +20,8 @@ osworld-tasks  OSWorld's task set (--tasks DIR) on untouched desktops, reset + e
                modes, every task classified (clean, needs app, setup/evaluator error, ...)
 profile        where a restore's time goes, phase by phase, inside and outside CRIU
 spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
-spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
+images         the osworld image against the light default one: size, build time, cold boot, init_state
+               restore to agent-ready, PSS per session with Chromium and LibreOffice open
 =============  ==================================================================================
 
 ``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
@@ -47,7 +48,7 @@ SUITES = {
     "profile": ("profile", "run_profile"),
     "cluster": ("cluster", "run_cluster"),
     "spill": ("spill", "run_spill"),
-    "spill": ("spill", "run_spill"),
+    "images": ("images", "run_images"),
 }
 
 __all__ = ["SUITES", "main", "run_suite"]
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--only", default=None, help="only these tasks (ids or id prefixes, comma-separated)")
     t.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     t.add_argument("--task-timeout", type=float, default=None, help="seconds per task and mode (default 420)")
+    t.add_argument("--settle", type=float, default=0.0, help="seconds between reset and evaluate (default 0)")
     t.add_argument("--from-rows", type=Path, default=None, help="report an earlier run's osworld-tasks.json "
                                                                 "again (same --tasks/--image/--only), no run")
     t.add_argument("--skip-missing-apps", action="store_true",

@@ -2,7 +2,11 @@
 
     drums bench osworld-tasks --tasks ../shared/osworld-tasks [--image NAME] [--limit N]
                               [--domains a,b] [--only ID,...] [--modes none,post_setup] [--task-timeout S]
-                              [--from-rows OLD.json]   (classify and report an earlier run's rows again)
+                              [--settle S] [--from-rows OLD.json]
+
+``--settle S`` waits S seconds between reset and evaluate (default 0: evaluated at once, harsher than
+OSWorld's harness, which waits 60 s before the agent's first action); ``--from-rows`` classifies and
+reports an earlier run's raw rows again.
 
 Which tasks: the committed list (:mod:`drums_osworld.catalog`); those that need the internet (or a
 newer desktop-env) are skipped and counted, VS Code's are reported apart (Debian does not package
@@ -188,7 +192,7 @@ def _run_worker(py: Path, env: dict, todo: list, sel: dict, modes: list[str], op
                 rows: list[dict], log_path: Path, t_start: float, total: int) -> dict | None:
     """Run the worker over ``todo`` until it ends; returns the (task, mode) it was on if it died."""
     args = {"tasks": [{"key": e.key, "path": sel["paths"][e.key]} for e in todo], "modes": modes, "image": opts.image,
-            "timeout": opts.task_timeout, "absent": absent}
+            "timeout": opts.task_timeout, "absent": absent, "settle": float(getattr(opts, "settle", 0) or 0)}
     current = None
     with tempfile.TemporaryDirectory(prefix="drums-bench-osworld-tasks-") as tmp, open(log_path, "a") as log:
         proc = subprocess.Popen([str(py), "-m", "drums_osworld.bench.osworld_tasks_worker", json.dumps(args)],
@@ -337,6 +341,7 @@ def _result(opts: Any, sel: dict, rows: list[dict], modes: list[str], host: dict
     return {
         "suite": "osworld-tasks", "quick": bool(opts.quick), "host": host,
         "params": {"tasks": str(opts.tasks), "image": opts.image, "modes": modes, "task_timeout_s": opts.task_timeout,
+                   "settle_s": float(getattr(opts, "settle", 0) or 0),
                    "limit": getattr(opts, "limit", None), "domains": getattr(opts, "domains", None),
                    "python": py, "skip_missing_apps": opts.skip_missing_apps,
                    "measured": "reset(task_config) on an untouched desktop, then evaluate() with no action"},

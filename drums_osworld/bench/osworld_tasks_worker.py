@@ -104,7 +104,7 @@ def _report(env: Any) -> dict | None:
     return r.to_json() if r is not None else None
 
 
-def _one(env: Any, task: dict, mode: str, budget: float) -> dict:
+def _one(env: Any, task: dict, mode: str, budget: float, settle: float = 0.0) -> dict:
     from drums_osworld.snapshot import delete_post_setup
 
     row: dict[str, Any] = {"mode": mode, "resets": []}
@@ -130,6 +130,9 @@ def _one(env: Any, task: dict, mode: str, budget: float) -> dict:
                 row["reset_error"] = err
                 break
         if "reset_error" not in row:
+            if settle > 0:  # an agent's first action comes later (OSWorld's harness waits 60 s)
+                phase = "settle"
+                time.sleep(settle)
             phase = "evaluate"
             t0 = time.monotonic()
             try:
@@ -185,7 +188,7 @@ def main(args: dict) -> int:
                 try:
                     if mode not in envs:
                         envs[mode] = _new_env(mode, args["image"], workdir)
-                    row = _one(envs[mode], task, mode, float(args["timeout"]))
+                    row = _one(envs[mode], task, mode, float(args["timeout"]), float(args.get("settle") or 0))
                 except Exception as exc:  # noqa: BLE001 - the env itself broke: record, start a new one
                     row = {"mode": mode, "reset_error": _short(f"{type(exc).__name__}: {exc}", 800), "resets": [],
                            "env_broke": True}
