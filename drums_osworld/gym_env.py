@@ -847,7 +847,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         """The task's setup on the current desktop, journaled in its guest; raises what run_setup
         raises (after noting it), and :class:`SetupFailed` when strict and a step failed."""
         from .evaluation import SetupError, run_setup
-        from .setup_journal import SetupFailed, missing_apps_for
+        from .setup_journal import SetupFailed, SetupReport, missing_apps_for
 
         journal = self._journal()
         try:

@@ -91,5 +91,6 @@ def desktop_extras() -> dict:
     AT-SPI bus with toolkits exporting to it (LibreOffice through its GTK3 front end), PulseAudio."""
     return {"system_bus": True, "accessibility": True,
             "env": {"SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
-                    "GTK_MODULES": "gail:atk-bridge", **MOZILLA_NO_SANDBOX},
+                    "GTK_MODULES": "gail:atk-bridge", "ACCESSIBILITY_ENABLED": "1",
+                    "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", **MOZILLA_NO_SANDBOX},
             "programs": [{"name": "pulseaudio", "argv": PULSEAUDIO}]}
