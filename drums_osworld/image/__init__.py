@@ -90,7 +90,7 @@ def desktop_extras() -> dict:
     """What a desktop of this image adds to the session spec: the system bus (timedatectl), the
     AT-SPI bus with toolkits exporting to it (LibreOffice through its GTK3 front end), PulseAudio."""
     return {"system_bus": True, "accessibility": True,
-            "env": {"SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
+            "env": {"LANG": "en_US.UTF-8", "SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
                     "GTK_MODULES": "gail:atk-bridge", "ACCESSIBILITY_ENABLED": "1",
                     "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", **MOZILLA_NO_SANDBOX},
             "programs": [{"name": "pulseaudio", "argv": PULSEAUDIO}]}
