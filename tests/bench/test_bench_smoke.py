@@ -184,3 +184,38 @@ def test_osworld(out, capsys, monkeypatch):
     for key, st in res["stats"].items():
         assert st["steady"]["n"] == 2 and len(st["first"]) == 1, key
     assert_clean(res)
+
+
+def test_images(out, capsys):
+    res = run_quick("images", out, capsys)
+    assert res["failures"] == [], res["failures"]
+    facts = res["images"]
+    assert set(facts) == {"default", "osworld"}
+    for name, f in facts.items():
+        assert f["size_bytes"] > 0 and f["packages"] > 100 and f["build_seconds"] > 0, (name, f)
+        assert f["apps"]["libreoffice"], name
+    assert facts["osworld"]["apps"]["google-chrome"] and not facts["default"]["apps"]["chromium"]
+    assert facts["osworld"]["derived"] and facts["osworld"]["base"] == "default"
+    assert facts["osworld"]["size_bytes"] > facts["default"]["size_bytes"]
+    for name in ("default", "osworld"):
+        (c,) = res["rows"]["cold"][name]
+        assert 0 < c["create"] <= c["guest"] <= c["ready"], c
+        assert c["nonblank"] > 0.10, c
+        for when in ("pss_windows_up", "pss_after_action"):
+            assert c[when]["pss"] > 0 and c[when]["processes"] > 5, (name, when, c[when])
+        (i,) = res["rows"]["restore init_state"][name]
+        assert 0 < i["call"] <= i["ready"] and i["daemon"]["criu"] > 0, i
+        assert i["nonblank_bare"] == 0.0, "a bare desktop's screen should be uniform"
+        (a,) = res["rows"]["restore apps"][name]
+        assert 0 < a["call"] <= a["ready"] and a["nonblank"] > 0.10, a
+        assert a["pss_restored"]["pss"] > 0 and a["pss_after_action"]["pss"] > 0, a
+        for kind in ("init_state", "apps"):
+            assert res["snapshots"][kind][name]["size_mib"] > 0, (kind, name)
+    # Chromium is open on osworld only: its desktop has Chromium's processes, and more of them
+    assert "chrome_window_s" in res["rows"]["cold"]["osworld"][0]
+    assert "chrome_window_s" not in res["rows"]["cold"]["default"][0]
+    assert (res["rows"]["cold"]["osworld"][0]["pss_windows_up"]["processes"]
+            > res["rows"]["cold"]["default"][0]["pss_windows_up"]["processes"])
+    ratios = {r["figure"]: r["osworld/default"] for r in res["table"]}
+    assert ratios["image size on disk, GiB"] > 1 and ratios["cold: + Writer to agent-ready, p50 s"] > 0
+    assert_clean(res)
