@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +85,7 @@ def all_solutions() -> list[Solution]:
 # state is saved; a sibling restored from that state is scored untouched, the fresh desktop is solved
 # and scored, and a second restored sibling is solved and scored.
 SCORE_SNIPPET = '''
+    import sys
     from drums_osworld.snapshot import branch, close_all
 
     TASK = json.load(open({task_file!r}))
@@ -176,6 +176,7 @@ SCORE_SNIPPET = '''
         finally:
             env.close()
     res["times"]["total"] = round(time.monotonic() - t_all, 2)
+    res["stubs_imported"] = sorted(n for n, m in sys.modules.items() if getattr(m, "__drums_stub__", False))
     emit(res)
 '''
 
@@ -186,25 +187,14 @@ def score_snippet(sol: Solution, shots: Path) -> str:
 
 
 # ------------------------------------------------------------------------------- chrome getter tasks
-_URL = re.compile(r"https?://")
+CATALOG = REPO / "drums_osworld" / "catalog" / "osworld_offline.json"
 
 
-def needs_internet(task: dict) -> str | None:
-    """Why a task needs the internet (a download, a cloud file, a live URL or a package fetch in its
-    setup or evaluation), or None. The task's ``source`` and ``instruction`` are prose, not steps."""
-    steps = {k: v for k, v in task.items() if k not in ("source", "instruction")}
-    text = json.dumps(steps)
-    for step in task.get("config", []) + task.get("evaluator", {}).get("postconfig", []):
-        if step.get("type") in ("download", "upload_file", "login", "googledrive"):
-            return f"setup step {step['type']}"
-    if '"cloud_file"' in text:
-        return "cloud_file getter"
-    m = _URL.search(text)
-    if m:
-        return "a live URL: " + text[m.start():m.start() + 80]
-    if re.search(r"\bapt(-get)?\s+(update|install)|\bpip3?\s+install", text):
-        return "installs packages"
-    return None
+def offline_catalog() -> dict[str, dict]:
+    """The committed list of OSWorld tasks (drums_osworld/catalog): "<domain>/<id>" -> its entry
+    (``offline``, ``infeasible``, ``exclusions`` with their reasons, ``apps``)."""
+    data = json.loads(CATALOG.read_text())
+    return {f"{t['domain']}/{t['id']}": t for t in data["tasks"]}
 
 
 def desktop_env_names(venv: Path) -> tuple[set[str], set[str], set[str]]:
@@ -237,19 +227,15 @@ def _getter_configs(ev: dict) -> list[dict]:
 
 
 def chrome_getter_tasks(venv: Path) -> list[tuple[str, list[str]]]:
-    """OSWorld chrome tasks that need no internet, whose getters and metrics desktop-env 1.0.2 has, and
-    whose evaluator reads through a Chrome getter (evaluators/getters/chrome.py): (id, getter types)."""
-    getters, chrome, metrics = desktop_env_names(venv)
+    """The chrome tasks of the committed no-internet list whose evaluator reads through a Chrome getter
+    (a ``get_<type>`` of desktop-env's evaluators/getters/chrome.py): (id, getter types)."""
+    _, chrome, _ = desktop_env_names(venv)
     out = []
-    for f in sorted((OSWORLD_TASKS / "chrome").glob("*.json")):
-        task = json.loads(f.read_text())
-        ev = task.get("evaluator", {})
-        funcs = ev.get("func") if isinstance(ev.get("func"), list) else [ev.get("func")]
-        types = {c["type"] for c in _getter_configs(ev) if "type" in c}
-        if "infeasible" in funcs or needs_internet(task):
+    for key, entry in sorted(offline_catalog().items()):
+        if entry["domain"] != "chrome" or not entry["offline"] or entry["infeasible"]:
             continue
-        if not set(funcs) <= metrics or not {t for t in types if t != "rule"} <= getters:
-            continue  # needs a getter or metric newer than this desktop-env
+        task = json.loads((OSWORLD_TASKS / f"{key}.json").read_text())
+        types = {c["type"] for c in _getter_configs(task.get("evaluator", {})) if "type" in c}
         if types & chrome:
-            out.append((f.stem, sorted(types & chrome)))
+            out.append((entry["id"], sorted(types & chrome)))
     return out

@@ -192,11 +192,17 @@ def retry(act, check, tries, why):
     fail(f'{why} (tried {tries} times)')
 
 
+# Chromium's AT-SPI application name and the end of its window titles (Chromium, or Google Chrome
+# where the image names it as on OSWorld's VM).
+CHROME = r'^(Chromium|Google Chrome)$'
+CHROME_WINDOW = r' - (Chromium|Google Chrome)$'
+
+
 def chrome_open(url, title):
-    """In the focused Chromium window: the address bar (ctrl+l), ``url``, Enter; wait for a title."""
-    focus(r'\bChromium$')
+    """In the Chromium window: the address bar (ctrl+l), ``url``, Enter; wait for a window title."""
+    focus(CHROME_WINDOW)
     retry(lambda: pyautogui.hotkey('ctrl', 'l'),
-          lambda: find_node('Chromium', '^Address and search bar$', 'entry', 1, focused=True), 10,
+          lambda: find_node(CHROME, '^Address and search bar$', 'entry', 1, focused=True), 10,
           'the address bar never took the focus')
     pyautogui.write(url, interval=0.02)
     pyautogui.press('enter')
