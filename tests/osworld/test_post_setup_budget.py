@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from osworldlib import REPO, OSWorld, watchdog_pids  # noqa: E402
 
-BUDGET = "400m"
+BUDGET = "500m"  # the osworld image: init_state ~70 MiB, a LibreOffice task's post_setup ~300 MiB
 TASKS = [
     "os/e0df059f-28a6-4169-924f-b9623e7184cc.json",
     "libreoffice_writer/drums-writer-type-and-save.json",
