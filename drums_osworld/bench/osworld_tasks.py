@@ -122,7 +122,8 @@ def getter_failures(calls: list[dict]) -> list[str]:
         if c.get("error"):
             out.append(f"getter {c['name']} raised {c['error']}")
         elif c.get("none"):
-            out.append(f"getter {c['name']} returned None" + (f" ({c['log_errors'][0]})" if c.get("log_errors") else ""))
+            why = f" ({c['log_errors'][0]})" if c.get("log_errors") else ""
+            out.append(f"getter {c['name']} returned None{why}")
         elif c.get("log_errors"):
             out.append(f"getter {c['name']} logged: {c['log_errors'][0]}")
     return out

@@ -112,7 +112,7 @@ def _one(env: Any, task: dict, mode: str, budget: float, settle: float = 0.0) ->
     signal.alarm(max(1, int(budget)))
     phase = "reset"
     try:
-        for i in range(2 if mode == "post_setup" and task.get("config") else 1):
+        for _ in range(2 if mode == "post_setup" and task.get("config") else 1):
             t0 = time.monotonic()
             try:
                 env.reset(task_config=task)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .rules import command_text, getter_configs, steps
+from .rules import getter_configs, steps
 
 __all__ = ["APPS", "App", "image_packages", "missing_apps", "task_apps"]
 
@@ -119,7 +119,8 @@ def _command_apps(command: Any) -> set[str]:
     found: set[str] = set()
     for part in re.split(r"[;&|\n()]+|\$\(", text):
         words = [w for w in _words(part) if w]
-        while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in ("sudo", "-S", "exec", "nohup", "env")):
+        while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0])
+                         or words[0] in ("sudo", "-S", "exec", "nohup", "env")):
             words = words[1:]
         if not words:
             continue
@@ -202,5 +203,6 @@ def missing_apps(apps: Iterable[str], packages: Mapping[str, str]) -> dict[str, 
             continue
         lacking = [g for g in app.packages if not any(p in packages for p in g)]
         if lacking:
-            out[name] = "needs " + " and ".join(" or ".join(g) for g in lacking) + (f" ({app.note})" if app.note else "")
+            note = f" ({app.note})" if app.note else ""
+            out[name] = "needs " + " and ".join(" or ".join(g) for g in lacking) + note
     return out

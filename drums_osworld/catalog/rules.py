@@ -147,7 +147,8 @@ def _step_rules(task: Mapping[str, Any]) -> Iterable[Exclusion]:
             what = "a file"
             if stype == "download":
                 urls = [f.get("url", "") for f in params.get("files") or [] if isinstance(f, Mapping)]
-                what = ", ".join(_short(u, 70) for u in urls[:2]) + (f" and {len(urls) - 2} more" if len(urls) > 2 else "")
+                more = f" and {len(urls) - 2} more" if len(urls) > 2 else ""
+                what = ", ".join(_short(u, 70) for u in urls[:2]) + more
             yield Exclusion("DOWNLOAD", f"{where} {NET_STEPS[stype].format(what=what)}")
         elif stype in ("chrome_open_tabs", "chrome_close_tabs"):
             urls = params.get("urls_to_open") or params.get("urls_to_close") or []

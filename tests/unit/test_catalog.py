@@ -86,7 +86,7 @@ def test_tasks_known_to_need_the_internet_are_excluded_with_their_reason(committ
 
 
 def test_download_steps_and_cloud_getters_always_exclude():
-    for domain, path, t in catalog.read_tasks(_tasks_dir()):
+    for _domain, path, t in catalog.read_tasks(_tasks_dir()):
         types = {s.get("type") for _, _, s in rules.steps(t)}
         getters = {g["type"] for g in rules.getter_configs(t)}
         codes = {x.code for x in rules.exclusions(t)}
