@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                                                               "(default 300)")
     t = p.add_argument_group("osworld-tasks")
     t.add_argument("--tasks", type=Path, default=None, help="OSWorld's evaluation_examples directory")
-    t.add_argument("--image", default=None, help="desktop image (default: default)")
+    t.add_argument("--image", default=None, help="desktop image (default: the provider's, osworld)")
     t.add_argument("--modes", default=None, help="reuse modes, comma-separated (default none,post_setup)")
     t.add_argument("--domains", default=None, help="only these domains, comma-separated")
     t.add_argument("--limit", type=int, default=None, help="a sample of N tasks, spread over the domains")

@@ -64,7 +64,7 @@ def select(opts: Any) -> dict[str, Any]:
     """The tasks to run and the ones skipped, with reasons."""
     from drums_osworld.catalog import image_fit, load_list, read_tasks
 
-    root = Path(opts.tasks)
+    root = Path(opts.tasks).resolve()  # the worker runs in a scratch directory
     found = {f"{d}/{p.stem}": p for d, p, _ in read_tasks(root)}
     entries = load_list()
     domains = set(opts.domains.split(",")) if getattr(opts, "domains", None) else None
@@ -225,7 +225,9 @@ def run_osworld_tasks(opts: Any) -> dict:
         raise common.BenchError(f"osworld-tasks needs an interpreter with desktop-env 1.0.2: {py} is missing")
     if not getattr(opts, "tasks", None):
         raise common.BenchError("osworld-tasks needs --tasks DIR (OSWorld's evaluation_examples layout)")
-    opts.image = getattr(opts, "image", None) or "default"
+    from drums_osworld.desktop import DEFAULT_IMAGE
+
+    opts.image = getattr(opts, "image", None) or DEFAULT_IMAGE  # the provider's default image
     opts.task_timeout = float(getattr(opts, "task_timeout", None) or DEFAULT_TASK_TIMEOUT)
     opts.skip_missing_apps = bool(getattr(opts, "skip_missing_apps", False))
     modes = [m for m in (getattr(opts, "modes", None) or ",".join(MODES)).split(",") if m]
