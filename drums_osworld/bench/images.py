@@ -24,9 +24,10 @@ For each image, in one run on one daemon instance:
   processes, as the memory suite measures it) with the applications open: on ``osworld``
   ``google-chrome --remote-debugging-port=1337`` (with OSWorld's ``socat`` to 9222) and
   ``libreoffice --writer``; on ``default``, which has no Chromium, LibreOffice Writer alone.
-  Measured on each cold desktop once the windows are up and after one action (a screenshot and a
-  click through the guest), and on each restored sibling of the apps state after its restore and
-  after one action; also on each restored bare desktop.
+  Measured on each cold desktop with Writer alone up (the same application on both images), with
+  all the windows up, and after one action (a screenshot and a click through the guest); on each
+  restored sibling of the apps state after its restore and after one action; and on each restored
+  bare desktop.
 
 Rounds interleave everything: each round runs the three arms in rotated order, and within each
 arm both images, the first one alternating. Ratios are osworld/default.
@@ -132,12 +133,15 @@ def _action(desk, i: int) -> float:
 
 
 def _apps_open(desk, image: str, chrome: bool, settle: float, i: int) -> dict:
-    """Open the image's applications (Writer already up), then PSS with the windows up and after an action."""
-    row: dict = {}
+    """PSS with Writer up (already open), then with the image's other applications up, and after an action."""
+    time.sleep(settle)
+    row: dict = {"pss_writer": _pss(desk.client, desk.session)}  # the same application set on both images
     if chrome:
         row["chrome_window_s"] = round(_open_chrome(desk), 4)
-    time.sleep(settle)
-    row["pss_windows_up"] = _pss(desk.client, desk.session)
+        time.sleep(settle)
+        row["pss_windows_up"] = _pss(desk.client, desk.session)
+    else:
+        row["pss_windows_up"] = row["pss_writer"]
     row["action_s"] = _action(desk, i)
     time.sleep(settle)
     row["pss_after_action"] = _pss(desk.client, desk.session)
@@ -296,13 +300,23 @@ def _stat(rows: list[dict], *path: str) -> dict:
     return summary(vals)
 
 
+def _reseed_gaps(rows: list[dict]) -> list[float]:
+    """Seconds a restore spent in the daemon's reseed (from the network wired to the guest's hook answering)."""
+    out = []
+    for r in rows:
+        d = r.get("daemon") or {}
+        if isinstance(d.get("reseed"), (int, float)) and isinstance(d.get("network"), (int, float)):
+            out.append(round(d["reseed"] - d["network"], 4))
+    return out
+
+
 def _result(opts, rounds, settle, host, facts, chrome, snaps, rows, failures, live_failures, cleanup) -> dict:
     d, o = IMAGES
     stats = {arm: {n: {} for n in IMAGES} for arm in ARMS}
     for n in IMAGES:
         cold_rows = rows["cold"][n]
         stats["cold"][n] = {k: _stat(cold_rows, k) for k in ("create", "guest", "ready", "action_s")}
-        for when in ("pss_windows_up", "pss_after_action"):
+        for when in ("pss_writer", "pss_windows_up", "pss_after_action"):
             for k in PSS_KEYS:
                 stats["cold"][n][f"{when}.{k}"] = _stat(cold_rows, when, k)
         for arm in ("restore init_state", "restore apps"):
@@ -312,6 +326,7 @@ def _result(opts, rounds, settle, host, facts, chrome, snaps, rows, failures, li
                 for k in PSS_KEYS:
                     stats[arm][n][f"{when}.{k}"] = _stat(rr, when, k)
             stats[arm][n]["daemon.criu"] = _stat(rr, "daemon", "criu")
+            stats[arm][n]["reseed_gap"] = summary(_reseed_gaps(rr))
 
     def row(figure: str, a, b, digits: int = 3, **extra) -> dict:
         return {"figure": figure, d: a, o: b, f"{o}/{d}": ratio(b, a, digits), **extra}
@@ -344,7 +359,9 @@ def _result(opts, rounds, settle, host, facts, chrome, snaps, rows, failures, li
         row("restore apps state to agent-ready, p95 s", stats["restore apps"][d]["ready"]["p95"],
             stats["restore apps"][o]["ready"]["p95"], n=n_of["restore apps"]),
         row("PSS, restored bare desktop, p50 MiB", *p50("restore init_state", "pss_restored.pss")),
-        row("PSS, cold + apps, windows up, p50 MiB", *p50("cold", "pss_windows_up.pss")),
+        row("PSS, cold + Writer only (both images), p50 MiB", *p50("cold", "pss_writer.pss")),
+        row("PSS anon, cold + Writer only (both images), p50 MiB", *p50("cold", "pss_writer.pss_anon")),
+        row("PSS, cold + apps (default: Writer only), windows up, p50 MiB", *p50("cold", "pss_windows_up.pss")),
         row("PSS, cold + apps, after one action, p50 MiB", *p50("cold", "pss_after_action.pss")),
         row("PSS anon, cold + apps, after one action, p50 MiB", *p50("cold", "pss_after_action.pss_anon")),
         row("USS, cold + apps, after one action, p50 MiB", *p50("cold", "pss_after_action.private")),
@@ -378,8 +395,9 @@ def _result(opts, rounds, settle, host, facts, chrome, snaps, rows, failures, li
         "init_state: the bare desktop checkpointed right after boot (leave_running=False), as the OSWorld "
         "provider makes it; restored until the guest answers GET /screenshot (its screen is blank by construction).",
         f"Apps state: {d}: {apps_label[d]}; {o}: {apps_label[o]} (`{' '.join(CHROME)}` plus OSWorld's "
-        f"`{' '.join(SOCAT)}`, then Writer). {d} has no Chromium, so its PSS figures are LibreOffice Writer's alone "
-        "and the PSS ratios compare different application sets.",
+        f"`{' '.join(SOCAT)}`, opened after Writer is up). {d} has no Chromium, so its apps figures are LibreOffice "
+        "Writer's alone and their ratios compare different application sets; the 'Writer only' rows (measured on "
+        "each cold desktop before Chromium is opened) compare the same application on both images.",
         "PSS: sum of Pss over the session's processes (smaps_rollup), measured after a settle of "
         f"{settle:.0f} s once the windows are up, and again {settle:.0f} s after one action (a guest screenshot and "
         "a pyautogui click). PSS divides shared pages among every process on the host that maps them, other "
@@ -403,9 +421,20 @@ def _result(opts, rounds, settle, host, facts, chrome, snaps, rows, failures, li
         "PSS cold + apps ratio": ratio(*reversed(p50("cold", "pss_after_action.pss")), 2),
         "PSS restored sibling after action p50 MiB (default, osworld)":
             list(p50("restore apps", "pss_after_action.pss")),
+        "PSS cold + Writer only p50 MiB (default, osworld)": list(p50("cold", "pss_writer.pss")),
+        "PSS cold + Writer only ratio": ratio(*reversed(p50("cold", "pss_writer.pss")), 2),
+        "restores whose reseed call took > 0.9 s": sum(
+            1 for arm in ("restore init_state", "restore apps") for n in IMAGES
+            for g in _reseed_gaps(rows[arm][n]) if g > 0.9),
+        "restores": sum(len(rows[arm][n]) for arm in ("restore init_state", "restore apps") for n in IMAGES),
         "failures": len(failures), "liveness failures": len(live_failures),
         "leaked resources after": cleanup.get("leaked"),
     }
+    if summ["restores whose reseed call took > 0.9 s"]:
+        notes.append("Some restores spent about 1 s in the daemon's reseed (from the network wired to the guest's "
+                     "reseed hook answering: stats.<arm>.<image>.reseed_gap); 1 s is "
+                     "the kernel's first retransmission interval (a lost first SYN or ARP request), which such "
+                     "restores pay on top of their figures.")
     series = {}
     for arm, key, label in (("cold", "guest", "cold: guest"), ("cold", "ready", "cold: Writer ready"),
                             ("restore init_state", "ready", "restore init_state"),

@@ -201,7 +201,7 @@ def test_images(out, capsys):
         (c,) = res["rows"]["cold"][name]
         assert 0 < c["create"] <= c["guest"] <= c["ready"], c
         assert c["nonblank"] > 0.10, c
-        for when in ("pss_windows_up", "pss_after_action"):
+        for when in ("pss_writer", "pss_windows_up", "pss_after_action"):
             assert c[when]["pss"] > 0 and c[when]["processes"] > 5, (name, when, c[when])
         (i,) = res["rows"]["restore init_state"][name]
         assert 0 < i["call"] <= i["ready"] and i["daemon"]["criu"] > 0, i
