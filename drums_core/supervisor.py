@@ -50,6 +50,11 @@ class State(str, enum.Enum):
     BROKEN = "BROKEN"
 
 
+# Processes at least this old (seconds) when a session is checkpointed must still be alive a
+# liveness delay after each restore; younger ones may end by themselves.
+SETTLED_AGE = 3.0
+
+
 @dataclass
 class SessionSpec:
     """What a desktop is made of. ``programs`` are started by the session init after X and the WM."""
@@ -672,7 +677,7 @@ class Supervisor:
         self.ledger.record("snapshot", snap_id, dir=str(staging), session=s.id)
         faults.hit("checkpoint-before-staging")
         (staging / "dump").mkdir(parents=True, exist_ok=True)
-        procs = [[p.nspid, p.comm] for p in session_processes(s.init_pid)]
+        procs = self._process_ages(s)
         try:
             d = display.connect(s.display)
             try:
@@ -918,7 +923,10 @@ class Supervisor:
                 raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc}",
                                   reason="RESTORE_FAILED") from exc
             raise
-        expected = [tuple(p) for p in snap.processes]
+        # A process younger than SETTLED_AGE at the dump may be one that ends by itself (Chromium's
+        # start-up helpers do, a second or two after its window shows): only settled ones must live on.
+        # Snapshots from before ages were recorded ([nspid, comm]) require every process.
+        expected = [(p[0], p[1]) for p in snap.processes if len(p) < 3 or p[2] >= SETTLED_AGE]
         if wait_live:
             time.sleep(self.liveness_delay)
             dead = self._check_liveness(s, expected)
@@ -926,6 +934,7 @@ class Supervisor:
                 self._teardown(s)
                 raise Internal(f"restored session {s.id} failed its liveness check: {dead}",
                                reason="LIVENESS_FAILED", detail=dead)
+            s.liveness = "ok"
         else:
             threading.Thread(target=self._liveness_later, args=(s, expected), daemon=True).start()
         log.info("restored %s from %s in %.3fs (criu %.3fs)", s.id, snap.id, s.timings["ready"], res.seconds)
@@ -955,6 +964,29 @@ class Supervisor:
                     if time.monotonic() > deadline:
                         raise Unavailable(f"reseed hook unreachable: {exc}", reason="RESEED_FAILED") from exc
                     time.sleep(0.02)
+
+    def _process_ages(self, s: Session) -> list[list]:
+        """``[nspid, comm, age in seconds]`` of each session process at a checkpoint. A process that
+        came back from the session's own snapshot adds the age it had there (a restore starts every
+        process anew as far as the kernel's start times go)."""
+        inherited: dict[tuple, float] = {}
+        if s.snapshot:
+            try:
+                parent = self.store.get(s.snapshot)
+                inherited = {(p[0], p[1]): float(p[2]) for p in parent.processes if len(p) > 2}
+            except DrumsError:
+                pass
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        tck = os.sysconf("SC_CLK_TCK")
+        out = []
+        for p in session_processes(s.init_pid):
+            try:
+                age = max(0.0, uptime - starttime(p.pid) / tck)
+            except ProcessLookupError:
+                continue
+            out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3)])
+        return out
 
     def _check_liveness(self, s: Session, expected: list[tuple]) -> str | None:
         if not is_alive(s.init_pid, s.init_start):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from drums_core.errors import Internal, NotFound
+from drums_core.supervisor import SETTLED_AGE
 
 WRITER = {"programs": [{"name": "writer", "argv": ["libreoffice", "--writer", "--norestore", "--nologo"]}],
           "expect_window": "LibreOffice Writer", "ready_timeout": 120}
@@ -42,8 +43,9 @@ def writer_snapshot(drums_instance):
     s = c.create(WRITER)
     try:
         c.exec(s["id"], ["bash", "-c", f"cat > /home/user/drawer.py <<'EOF'\n{DRAWER}EOF"], user="user")
-        sh(c, s["id"], "setsid -f python /home/user/drawer.py >/dev/null 2>&1 < /dev/null; sleep 0.5; "
-           "pgrep -f drawer.py")
+        # the drawer must be a settled process (SETTLED_AGE old) for the liveness check to require it
+        sh(c, s["id"], "setsid -f python /home/user/drawer.py >/dev/null 2>&1 < /dev/null; "
+           f"sleep {SETTLED_AGE + 0.5}; pgrep -f drawer.py")
         sh(c, s["id"], "mkdir -p /home/user/lowerdir/sub && echo x > /home/user/lowerdir/sub/f")
         snap = c.checkpoint(s["id"], name="writer-base")
     except BaseException:
@@ -128,6 +130,27 @@ def test_rename_lower_dir_and_fast_sudo(client, writer_snapshot):
         assert took < 1.0, f"sudo took {took:.2f}s (hostname resolution?)"
     finally:
         client.destroy(s["id"])
+
+
+def test_a_young_process_that_ends_after_restore_is_not_a_death(client):
+    """A process younger than SETTLED_AGE at the checkpoint (a Chromium start-up helper, here a
+    sleep) may end by itself after a restore: the sibling passes its liveness check."""
+    s = client.create(WRITER)
+    try:
+        sh(client, s["id"], "setsid -f sleep 2 >/dev/null 2>&1 < /dev/null; pgrep -x sleep")
+        snap = client.checkpoint(s["id"], leave_running=False)
+    except BaseException:
+        client.destroy(s["id"])
+        raise
+    try:
+        (sib,) = client.restore(snap["id"], wait_live=True)
+        try:
+            assert client.get(sib["id"])["liveness"] == "ok"
+            assert sh(client, sib["id"], "pgrep -x sleep || echo gone").strip() == "gone"
+        finally:
+            client.destroy(sib["id"])
+    finally:
+        client.delete_snapshot(snap["id"])
 
 
 def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snapshot, drums_instance):
