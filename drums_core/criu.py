@@ -212,8 +212,43 @@ IRMAP_HINTS = ("/etc/dbus-1", "/usr/share/dbus-1")
 GHOST_LIMIT = 64 << 20
 
 
+# A dump that meets a message with control data queued on a unix socket (credentials for a
+# receiver with SO_PASSCRED, as D-Bus and Chromium ask) fails with "Control messages in queue": the tasks are
+# resumed untouched, and the message is usually read within milliseconds, so the dump is tried
+# again after a pause, at most DUMP_ATTEMPTS times in all.
+TRANSIENT_DUMP_ERRORS = ("Control messages in queue",)
+DUMP_ATTEMPTS = 5
+DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
+
+
+def _transient(exc: Unavailable) -> bool:
+    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
+    return any(marker in line for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+
+
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
          timeout: float = 120.0) -> CriuResult:
+    """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above)."""
+    pause = DUMP_RETRY_PAUSE
+    for attempt in range(1, DUMP_ATTEMPTS + 1):
+        try:
+            return _dump_once(pid, images_dir, work_dir, leave_running=leave_running, log_level=log_level,
+                              timeout=timeout)
+        except Unavailable as exc:
+            if attempt == DUMP_ATTEMPTS or not _transient(exc):
+                raise
+            log_module.info("criu dump of %d met a transient state (attempt %d): %s; again in %.1fs", pid, attempt,
+                     exc.message, pause)
+            for entry in os.scandir(images_dir):  # the failed attempt's partial images
+                if entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, log_level: int,
+               timeout: float) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)

@@ -1,0 +1,66 @@
+"""A dump that meets a message with control data queued on a unix socket is tried again.
+
+In a real session a program queues a message on a socketpair whose receiver asked for
+credentials (SO_PASSCRED, as D-Bus does) and reads it after a delay: CRIU refuses while the
+message is queued ("Control messages in queue"), the checkpoint is
+retried and succeeds once the message is read, and the restored sibling runs. A program that
+never reads it makes every attempt fail: CRIU_FAILED, and the session goes on unharmed.
+"""
+from __future__ import annotations
+
+import pytest
+
+from drums_core.errors import Unavailable
+
+BARE = {"image": "default", "programs": []}
+
+HOLDER = r"""
+import os, socket, sys, time
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+b.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # as D-Bus does: each message carries creds
+a.send(b"x")
+open("/tmp/sent", "w").close()
+delay = float(sys.argv[1])
+if delay < 0:
+    time.sleep(3600)
+time.sleep(delay)
+b.recvmsg(16, 256)
+open("/tmp/read", "w").close()
+time.sleep(3600)
+"""
+
+
+def _start_holder(client, sid: str, delay: float) -> None:
+    client.exec(sid, ["bash", "-c", f"cat > /tmp/holder.py <<'EOF'\n{HOLDER}EOF"])
+    client.exec(sid, ["bash", "-c", f"setsid -f python3 /tmp/holder.py {delay} >/dev/null 2>&1 </dev/null; "
+                                    "for i in $(seq 100); do [ -e /tmp/sent ] && break; sleep 0.02; done"])
+
+
+def test_dump_retried_until_the_message_is_read(client):
+    s = client.create(BARE)
+    snap = None
+    try:
+        _start_holder(client, s["id"], 0.6)
+        snap = client.checkpoint(s["id"], leave_running=True)
+        assert client.exec(s["id"], ["test", "-e", "/tmp/read"])["returncode"] == 0
+        (sib,) = client.restore(snap["id"], wait_live=True)
+        try:
+            assert client.exec(sib["id"], ["pgrep", "-f", "holder.py"])["returncode"] == 0
+        finally:
+            client.destroy(sib["id"])
+    finally:
+        client.destroy(s["id"])
+    client.delete_snapshot(snap["id"])
+
+
+def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
+    s = client.create(BARE)
+    try:
+        _start_holder(client, s["id"], -1)
+        with pytest.raises(Unavailable) as exc:
+            client.checkpoint(s["id"], leave_running=True)
+        assert exc.value.reason == "CRIU_FAILED" and "Control messages in queue" in exc.value.message
+        assert client.exec(s["id"], ["pgrep", "-f", "holder.py"])["returncode"] == 0
+        assert client.get(s["id"])["state"] == "RUNNING"
+    finally:
+        client.destroy(s["id"])
