@@ -162,14 +162,16 @@ SCORE_SNIPPET = '''
         close_all(sibs)
         sibs = []
 
-        t0 = time.monotonic()
-        res["times"]["actions_fresh"] = solve(env, "fresh")
-        res["fresh_solved"] = env.evaluate()
+        try:
+            res["times"]["actions_fresh"] = solve(env, "fresh")
+            res["fresh_solved"] = env.evaluate()
 
-        solver, = sibs = branch(env, 1, "after_setup")   # the saved post-setup state, not the solved one
-        res["sibling_differs"] = solver.provider.desktop.id != env.provider.desktop.id
-        res["times"]["actions_restored"] = solve(solver, "restored")
-        res["restored_solved"] = solver.evaluate()
+            solver, = sibs = branch(env, 1, "after_setup")   # the saved post-setup state, not the solved one
+            res["sibling_differs"] = solver.provider.desktop.id != env.provider.desktop.id
+            res["times"]["actions_restored"] = solve(solver, "restored")
+            res["restored_solved"] = solver.evaluate()
+        except ActionFailed as exc:       # reported with the scores so far
+            res["action_failed"] = str(exc)
     finally:
         try:
             close_all(sibs)

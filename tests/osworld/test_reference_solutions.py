@@ -89,7 +89,9 @@ def test_reference_solution_scores(sol, osworld_image, osworld, client, tmp_path
     took = time.monotonic() - t0
     scores = {k: out.get(k) for k in ("fresh_untouched", "restored_untouched", "fresh_solved", "restored_solved")}
     print(f"REFERENCE {sol.task} via={sol.via} scores={json.dumps(scores)} test_s={took:.1f} "
-          f"times={json.dumps(out['times'])}")
+          f"times={json.dumps(out['times'])}" + (" ACTION FAILED" if "action_failed" in out else ""))
+    assert "action_failed" not in out, f"{sol.task}: {out['action_failed']}\nscores so far: {scores} " \
+                                       f"(screens in {tmp_path / 'screens'})"
     assert out["vm_platform"] == "Linux"
     # easyocr stays a stand-in (desktop-env imports it at module level; only compare_image_text uses it)
     assert set(out["stubs_imported"]) <= {"easyocr"}, f"stand-ins instead of real modules: {out['stubs_imported']}"
