@@ -1,10 +1,14 @@
+# ruff: noqa: F821 - pyautogui and time come from the prefix OSWorld puts before every action
 # Helpers every reference-solution action starts with (tests/osworld/test_reference_solutions.py
 # prepends this file to each action's code). An action is sent exactly as an agent's is, through
 # DesktopEnv.step, so the guest runs
 #     python -c "import pyautogui; import time; pyautogui.FAILSAFE = False; <this file><action>"
 # Actions wait for states (a window, the focus, a file's content), never for fixed times, and on a
 # timeout exit non-zero with the reason and the open windows.
-import os, re, subprocess, json
+import json
+import os
+import re
+import subprocess
 
 HOME = os.path.expanduser('~')
 
