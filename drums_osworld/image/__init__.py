@@ -31,8 +31,17 @@ PACKAGES = (
     "gsettings-desktop-schemas", "gnome-shell-common", "dconf-cli", "dconf-gsettings-backend", "dconf-service",
     "libglib2.0-bin", "systemd", "tzdata", "dbus",
     "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
-    "fonts-dejavu", "unzip", "zip", "curl",
+    "fonts-dejavu", "unzip", "zip", "curl", "bc", "gnome-settings-daemon-common", "totem",
 )
+
+# The video types OSWorld's default_video_player getter asks xdg-mime about: on OSWorld's Ubuntu
+# they open in Videos (totem), so a task that makes VLC the default starts from there.
+VIDEO_TYPES = ("3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg",
+               "mpeg-system", "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo",
+               "webm", "x-anim", "x-avi", "x-flc", "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg",
+               "x-mpeg-system", "x-mpeg2", "x-ms-asf", "x-ms-wm", "x-ms-wmv", "x-ms-wmx", "x-ms-wvx",
+               "x-msvideo", "x-nsv", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora+ogg")
+_AS_USER = f"runuser -u user -- env HOME={USER_HOME} LANG=en_US.UTF-8 timeout 180"
 
 # Run in the image as root, in order, after the packages are in.
 COMMANDS = (
@@ -58,6 +67,23 @@ COMMANDS = (
     f"&& install -m 0644 /usr/local/share/drums/vlcrc {USER_HOME}/.config/vlc/vlcrc "
     f"&& touch {USER_HOME}/.local/share/keyrings/login.keyring "
     f"&& chown -R 1000:1000 {USER_HOME}/.config {USER_HOME}/.local",
+    # what a desktop that has been used once has (OSWorld's getters read these right after a reset):
+    # Chrome's profile with its Preferences and an empty Bookmarks file, GIMP's gimprc, LibreOffice's
+    # user profile (registrymodifications.xcu)
+    f"{_AS_USER} google-chrome --headless=new --dump-dom about:blank >/dev/null 2>&1 || true; "
+    f"test -f {USER_HOME}/.config/google-chrome/Default/Preferences",
+    f"install -o 1000 -g 1000 -m 0644 /usr/local/share/drums/chrome-bookmarks "
+    f"{USER_HOME}/.config/google-chrome/Default/Bookmarks",
+    f"{_AS_USER} gimp -i -b '(gimp-quit 0)' >/dev/null 2>&1 || true; mkdir -p {USER_HOME}/.config/GIMP/2.10 && "
+    f"{{ test -f {USER_HOME}/.config/GIMP/2.10/gimprc || printf '# GIMP gimprc\\n' "
+    f">{USER_HOME}/.config/GIMP/2.10/gimprc; }}",
+    f"{_AS_USER} soffice --headless --terminate_after_init >/dev/null 2>&1 || true; "
+    f"test -f {USER_HOME}/.config/libreoffice/4/user/registrymodifications.xcu",
+    f"chown -R 1000:1000 {USER_HOME}",
+    # PulseAudio starts at 40% volume, not 100% (OSWorld's "turn it up to the max" task starts low)
+    "install -m 0644 /usr/local/share/drums/pulse-volume.pa /etc/pulse/default.pa.d/drums-volume.pa",
+    "printf '[Default Applications]\\n' >/etc/xdg/mimeapps.list && for t in "
+    + " ".join(VIDEO_TYPES) + "; do echo \"video/$t=org.gnome.Totem.desktop\" >>/etc/xdg/mimeapps.list; done",
     "rm -rf /usr/local/share/drums",
 )
 
@@ -69,6 +95,8 @@ def osworld_spec() -> ImageSpec:
         FileSpec(str(FILES / "vlcrc"), "/usr/local/share/drums/vlcrc", 0o644),
         FileSpec(str(FILES / "dconf-defaults"), "/usr/local/share/drums/dconf-defaults", 0o644),
         FileSpec(str(FILES / "timedated.service"), "/usr/local/share/drums/timedated.service", 0o644),
+        FileSpec(str(FILES / "chrome-bookmarks"), "/usr/local/share/drums/chrome-bookmarks", 0o644),
+        FileSpec(str(FILES / "pulse-volume.pa"), "/usr/local/share/drums/pulse-volume.pa", 0o644),
     )
     return ImageSpec(name=NAME, base=BASE, packages=PACKAGES, files=files, commands=COMMANDS)
 
