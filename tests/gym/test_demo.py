@@ -50,7 +50,9 @@ def test_demo_end_to_end(drums_instance, tmp_path: Path) -> None:
             assert sheet.format == "PNG" and sheet.width >= 1920 and sheet.height >= 1000
         lines = [json.loads(line) for line in Path(result["jsonl"]).read_text().splitlines()]
         finals = [Path(b["screenshots"]["final"]).read_bytes() for b in lines]
-        assert len(set(finals)) == 4, "the siblings' final screens must differ"
+        # siblings 0 and 2 end on the same saved document (two ways to type and save it), so their
+        # screens may match; the three different outcomes (saved, wrong text, never saved) must not
+        assert len({finals[0], finals[1], finals[3]}) == 3, "siblings with different outcomes must differ"
 
         assert result["cleanup"]["daemon"]["stopped"] and not result["cleanup"]["left_behind"]
         assert Client(instance, autostart=False).daemon_pid() is None

@@ -55,7 +55,7 @@ def test_registration_is_cheap_idempotent_and_complete(osworld):
     assert out["registered"] and out["both_factories"] == [True, True] and out["wrapped_once"] == [True] * 3
     assert out["factory_types"] == ["DrumsVMManager", "DrumsProvider", "DrumsProvider", "r1"]
     assert out["abcs"] == [True, True]
-    assert out["vm_path"] == "drums://default"
+    assert out["vm_path"] == "drums://osworld"
     assert out["factory"] == out["env"] == "no-such-provider not implemented!"
     assert out["windows"] == "InvalidArgument"
 
@@ -123,7 +123,7 @@ def test_e0df059f_reset_evaluate_act_revert(osworld, client):
         emit(res)
     ''')
     print(json.dumps(out, indent=1))
-    assert out["provider_name"] == "drums" and out["path"] == "drums://default"
+    assert out["provider_name"] == "drums" and out["path"] == "drums://osworld"
     assert out["used_at_start"] is False
     assert out["ip"] == f"{out['vm_ip']}:5000:9222:8006:8080" and out["vm_ip"].startswith("169.254.")
     assert out["obs"]["screenshot"] == "bytes" and out["png"]
@@ -429,7 +429,7 @@ def test_paths_scopes_and_names():
     from drums_osworld.snapshot import ReuseMode, post_setup_name
 
     assert [parse_path(p) for p in (None, "", "drums://default", "drums:default", "default", "drums://x1/")] == \
-        ["default", "default", "default", "default", "default", "x1"]
+        ["osworld", "osworld", "default", "default", "default", "x1"]  # the OSWorld desktop unless named
     for bad in ("/vms/Ubuntu.vmx", "drums://../etc", "drums://a/b", "Ubuntu.qcow2"):
         with pytest.raises(InvalidArgument):
             parse_path(bad)
