@@ -32,6 +32,7 @@ PACKAGES = (
     "libglib2.0-bin", "systemd", "tzdata", "dbus",
     "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
     "fonts-dejavu", "unzip", "zip", "curl", "bc", "gnome-settings-daemon-common", "totem",
+    "scrot", "librsvg2-common",
 )
 
 # The video types OSWorld's default_video_player getter asks xdg-mime about: on OSWorld's Ubuntu
@@ -77,8 +78,15 @@ COMMANDS = (
     f"{_AS_USER} gimp -i -b '(gimp-quit 0)' >/dev/null 2>&1 || true; mkdir -p {USER_HOME}/.config/GIMP/2.10 && "
     f"{{ test -f {USER_HOME}/.config/GIMP/2.10/gimprc || printf '# GIMP gimprc\\n' "
     f">{USER_HOME}/.config/GIMP/2.10/gimprc; }}",
+    # LibreOffice as after its first start: no start centre template picker, tip or first-run bar
+    # (an Impress task's setup walks the menus with fixed pauses and expects none of them)
+    f"mkdir -p {USER_HOME}/.config/libreoffice/4/user && install -m 0600 "
+    f"/usr/local/share/drums/registrymodifications.xcu {USER_HOME}/.config/libreoffice/4/user/",
     f"{_AS_USER} soffice --headless --terminate_after_init >/dev/null 2>&1 || true; "
-    f"test -f {USER_HOME}/.config/libreoffice/4/user/registrymodifications.xcu",
+    f"grep -q ShowTipOfTheDay {USER_HOME}/.config/libreoffice/4/user/registrymodifications.xcu",
+    # Chrome's browser process is named chrome, as OSWorld's tasks expect (their postconfig runs
+    # `pkill chrome` to restart it)
+    "ln -sf chromium /usr/lib/chromium/chrome",
     f"chown -R 1000:1000 {USER_HOME}",
     # PulseAudio starts at 40% volume, not 100% (OSWorld's "turn it up to the max" task starts low)
     "install -m 0644 /usr/local/share/drums/pulse-volume.pa /etc/pulse/default.pa.d/drums-volume.pa",
@@ -97,6 +105,8 @@ def osworld_spec() -> ImageSpec:
         FileSpec(str(FILES / "timedated.service"), "/usr/local/share/drums/timedated.service", 0o644),
         FileSpec(str(FILES / "chrome-bookmarks"), "/usr/local/share/drums/chrome-bookmarks", 0o644),
         FileSpec(str(FILES / "pulse-volume.pa"), "/usr/local/share/drums/pulse-volume.pa", 0o644),
+        FileSpec(str(FILES / "registrymodifications.xcu"), "/usr/local/share/drums/registrymodifications.xcu",
+                 0o644),
     )
     return ImageSpec(name=NAME, base=BASE, packages=PACKAGES, files=files, commands=COMMANDS)
 
