@@ -48,6 +48,9 @@ _AS_USER = f"runuser -u user -- env HOME={USER_HOME} LANG=en_US.UTF-8 timeout 18
 COMMANDS = (
     # google-chrome and google-chrome-stable are the wrapper (Debian's chromium under Chrome's names)
     "ln -sf /usr/local/bin/google-chrome /usr/local/bin/google-chrome-stable",
+    # Chrome's browser process is named chrome, as OSWorld's tasks expect (their postconfig runs
+    # `pkill chrome` to restart it)
+    "ln -sf chromium /usr/lib/chromium/chrome",
     "sed 's/^Exec=chromium/Exec=google-chrome/; s/^Name=Chromium/Name=Google Chrome/' "
     "/usr/share/applications/chromium.desktop >/usr/share/applications/google-chrome.desktop",
     # timedatectl: the system bus activates timedated itself (no systemd as pid 1 in a session)
@@ -84,9 +87,6 @@ COMMANDS = (
     f"/usr/local/share/drums/registrymodifications.xcu {USER_HOME}/.config/libreoffice/4/user/",
     f"{_AS_USER} soffice --headless --terminate_after_init >/dev/null 2>&1 || true; "
     f"grep -q ShowTipOfTheDay {USER_HOME}/.config/libreoffice/4/user/registrymodifications.xcu",
-    # Chrome's browser process is named chrome, as OSWorld's tasks expect (their postconfig runs
-    # `pkill chrome` to restart it)
-    "ln -sf chromium /usr/lib/chromium/chrome",
     f"chown -R 1000:1000 {USER_HOME}",
     # PulseAudio starts at 40% volume, not 100% (OSWorld's "turn it up to the max" task starts low)
     "install -m 0644 /usr/local/share/drums/pulse-volume.pa /etc/pulse/default.pa.d/drums-volume.pa",
