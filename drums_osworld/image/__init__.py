@@ -78,9 +78,15 @@ COMMANDS = (
     f"test -f {USER_HOME}/.config/google-chrome/Default/Preferences",
     f"install -o 1000 -g 1000 -m 0644 /usr/local/share/drums/chrome-bookmarks "
     f"{USER_HOME}/.config/google-chrome/Default/Bookmarks",
+    # Chromium 156 writes content-setting defaults on its first run, which older Chrome (OSWorld's
+    # VM) leaves out until a setting changes; a getter takes their presence for a changed setting
+    "python3 -c \"import json; p='" + USER_HOME + "/.config/google-chrome/Default/Preferences'; "
+    "d=json.load(open(p)); d.get('profile', {}).pop('default_content_setting_values', None); "
+    "json.dump(d, open(p, 'w'))\"",
     f"{_AS_USER} gimp -i -b '(gimp-quit 0)' >/dev/null 2>&1 || true; mkdir -p {USER_HOME}/.config/GIMP/2.10 && "
     f"{{ test -f {USER_HOME}/.config/GIMP/2.10/gimprc || printf '# GIMP gimprc\\n' "
-    f">{USER_HOME}/.config/GIMP/2.10/gimprc; }}",
+    f">{USER_HOME}/.config/GIMP/2.10/gimprc; }} && install -m 0644 /usr/local/share/drums/gimp-sessionrc "
+    f"{USER_HOME}/.config/GIMP/2.10/sessionrc",
     # LibreOffice as after its first start: no start centre template picker, tip or first-run bar
     # (an Impress task's setup walks the menus with fixed pauses and expects none of them)
     f"mkdir -p {USER_HOME}/.config/libreoffice/4/user && install -m 0600 "
@@ -105,6 +111,7 @@ def osworld_spec() -> ImageSpec:
         FileSpec(str(FILES / "timedated.service"), "/usr/local/share/drums/timedated.service", 0o644),
         FileSpec(str(FILES / "chrome-bookmarks"), "/usr/local/share/drums/chrome-bookmarks", 0o644),
         FileSpec(str(FILES / "pulse-volume.pa"), "/usr/local/share/drums/pulse-volume.pa", 0o644),
+        FileSpec(str(FILES / "gimp-sessionrc"), "/usr/local/share/drums/gimp-sessionrc", 0o644),
         FileSpec(str(FILES / "registrymodifications.xcu"), "/usr/local/share/drums/registrymodifications.xcu",
                  0o644),
     )
