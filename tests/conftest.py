@@ -7,6 +7,7 @@ anything of Drums left behind: a leak fails the run.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -140,3 +141,26 @@ def pytest_sessionfinish(session, exitstatus):
         STATE_ROOT.rmdir()
     except OSError:  # not empty (another instance, a leftover reported above) or already gone
         pass
+
+
+@contextlib.contextmanager
+def module_client(instance, what: str, timeout: float = 120.0):
+    """A client of the suite's daemon shared by one module's tests (the function-scoped ``client``
+    fixture insists that no session outlives a test). Afterwards, every session and snapshot the
+    module made is removed, and the module fails if it left any (``what`` names it)."""
+    from drums_core.client import Client
+    from drums_core.errors import DrumsError
+
+    c = Client(instance, daemon_env=SUITE_DAEMON_ENV, timeout=timeout)
+    before = {s["id"] for s in c.list()}
+    snaps_before = {s["id"] for s in c.snapshots()}
+    yield c
+    left = [s["id"] for s in c.list() if s["id"] not in before]
+    for sid in left:
+        with contextlib.suppress(DrumsError):
+            c.destroy(sid)
+    snaps_left = [s["id"] for s in c.snapshots() if s["id"] not in snaps_before]
+    for snap in snaps_left:
+        with contextlib.suppress(DrumsError):
+            c.delete_snapshot(snap)
+    assert not left and not snaps_left, f"the {what} left sessions {left} and snapshots {snaps_left}"

@@ -182,25 +182,11 @@ def made(c):
 # ------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def drums(drums_instance):
-    """A client of the suite's daemon for this module (the function-scoped ``client`` fixture
-    insists that no session outlives a test, and the fresh/restored sessions here are shared)."""
-    from drums_core.client import Client
+    """A client of the suite's daemon for this module (the fresh/restored sessions here are shared)."""
+    from tests.conftest import module_client
 
-    from tests.conftest import SUITE_DAEMON_ENV
-
-    c = Client(drums_instance, daemon_env=SUITE_DAEMON_ENV, timeout=120)
-    before = {s["id"] for s in c.list()}
-    snaps_before = {s["id"] for s in c.snapshots()}
-    yield c
-    left = [s["id"] for s in c.list() if s["id"] not in before]
-    for sid in left:
-        with contextlib.suppress(DrumsError):
-            c.destroy(sid)
-    snaps_left = [s["id"] for s in c.snapshots() if s["id"] not in snaps_before]
-    for snap in snaps_left:
-        with contextlib.suppress(DrumsError):
-            c.delete_snapshot(snap)
-    assert not left and not snaps_left, f"the containment tests left sessions {left} and snapshots {snaps_left}"
+    with module_client(drums_instance, "containment tests") as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

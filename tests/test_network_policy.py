@@ -219,21 +219,10 @@ def other():
 
 @pytest.fixture(scope="module")
 def drums(drums_instance):
-    from drums_core.client import Client
+    from tests.conftest import module_client
 
-    c = Client(drums_instance, daemon_env=SUITE_DAEMON_ENV, timeout=180)
-    before = {s["id"] for s in c.list()}
-    snaps_before = {s["id"] for s in c.snapshots()}
-    yield c
-    left = [s["id"] for s in c.list() if s["id"] not in before]
-    for sid in left:
-        with contextlib.suppress(DrumsError):
-            c.destroy(sid)
-    snaps = [s["id"] for s in c.snapshots() if s["id"] not in snaps_before]
-    for snap in snaps:
-        with contextlib.suppress(DrumsError):
-            c.delete_snapshot(snap)
-    assert not left and not snaps, f"the network tests left sessions {left} and snapshots {snaps}"
+    with module_client(drums_instance, "network tests", timeout=180) as c:
+        yield c
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ import pytest
 
 from test_bench_smoke import INSTANCE, SLOT_BASE, assert_clean, require_root
 
+from tests.taskset import osworld_tasks_dir
+
 REPO = Path(__file__).resolve().parents[2]
-TASKS = Path(os.environ.get("DRUMS_OSWORLD_TASKS", REPO.parent / "shared" / "osworld-tasks"))
+TASKS = osworld_tasks_dir()
 IMAGE = os.environ.get("DRUMS_BENCH_IMAGE", "default")
 
 

@@ -22,11 +22,13 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.taskset import osworld_tasks_dir
+
 HERE = Path(__file__).resolve().parent
 SOLUTIONS = HERE / "solutions"
 GUESTLIB = SOLUTIONS / "guestlib.py"
 REPO = HERE.parents[1]
-OSWORLD_TASKS = Path(os.environ.get("DRUMS_OSWORLD_TASKS", REPO.parent / "shared" / "osworld-tasks" / "examples"))
+OSWORLD_TASKS = osworld_tasks_dir() / "examples"
 IMAGE = os.environ.get("DRUMS_OSWORLD_TEST_IMAGE", "osworld")
 SPECIAL = ("WAIT", "DONE", "FAIL")
 

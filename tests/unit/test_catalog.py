@@ -19,8 +19,10 @@ from drums_osworld.catalog import rules
 from drums_osworld.catalog.__main__ import main as catalog_main
 from drums_osworld.tasks import OSWORLD_GETTERS, OSWORLD_METRICS, OSWORLD_STEP_TYPES
 
+from tests.taskset import osworld_tasks_dir
+
 REPO = Path(__file__).resolve().parents[2]
-TASKS = Path(os.environ.get("DRUMS_OSWORLD_TASKS", REPO.parent / "shared" / "osworld-tasks"))
+TASKS = osworld_tasks_dir()
 OSWORLD_SITE = Path(os.environ.get("DRUMS_OSWORLD_VENV", "/opt/drums/osworld-venv")) / "lib" / "python3.11" / \
     "site-packages" / "desktop_env"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from drums_core.errors import InvalidArgument
+from tests.taskset import osworld_tasks_dir
 from drums_osworld.tasks import (
     OSWORLD_GETTERS,
     OSWORLD_METRICS,
@@ -23,7 +24,7 @@ from drums_osworld.tasks import (
 
 REPO = Path(__file__).resolve().parents[2]
 E0DF = REPO / "tasks" / "os" / "e0df059f-28a6-4169-924f-b9623e7184cc.json"
-SHARED_E0DF = Path("/work/shared/osworld-tasks/os/e0df059f-28a6-4169-924f-b9623e7184cc.json")
+SHARED_E0DF = osworld_tasks_dir() / "os" / "e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
 GOOD: dict = {
     "id": "t-1",
