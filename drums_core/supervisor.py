@@ -50,6 +50,15 @@ class State(str, enum.Enum):
     BROKEN = "BROKEN"
 
 
+def _started_by_dbus(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read(1 << 16)
+    except OSError:
+        return False
+    return b"\0DBUS_STARTER_BUS_TYPE=" in b"\0" + env
+
+
 # Processes at least this old (seconds) when a session is checkpointed must still be alive a
 # liveness delay after each restore; younger ones may end by themselves.
 SETTLED_AGE = 3.0
@@ -926,7 +935,9 @@ class Supervisor:
         # A process younger than SETTLED_AGE at the dump may be one that ends by itself (Chromium's
         # start-up helpers do, a second or two after its window shows): only settled ones must live on.
         # Snapshots from before ages were recorded ([nspid, comm]) require every process.
-        expected = [(p[0], p[1]) for p in snap.processes if len(p) < 3 or p[2] >= SETTLED_AGE]
+        # D-Bus-activated services exit when idle and come back when asked.
+        expected = [(p[0], p[1]) for p in snap.processes
+                    if len(p) < 3 or (p[2] >= SETTLED_AGE and not (len(p) > 3 and p[3]))]
         if wait_live:
             time.sleep(self.liveness_delay)
             dead = self._check_liveness(s, expected)
@@ -966,9 +977,12 @@ class Supervisor:
                     time.sleep(0.02)
 
     def _process_ages(self, s: Session) -> list[list]:
-        """``[nspid, comm, age in seconds]`` of each session process at a checkpoint. A process that
-        came back from the session's own snapshot adds the age it had there (a restore starts every
-        process anew as far as the kernel's start times go)."""
+        """``[nspid, comm, age in seconds, on_demand]`` of each session process at a checkpoint. A
+        process that came back from the session's own snapshot adds the age it had there (a
+        restore starts every process anew as far as the kernel's start times go). ``on_demand``:
+        D-Bus started it on request (its environment has ``DBUS_STARTER_BUS_TYPE``): such services
+        exit when idle (systemd-timedated after 30 s) and come back when asked. The environment is
+        the session's to write; at worst a session exempts its own processes from its own check."""
         inherited: dict[tuple, float] = {}
         if s.snapshot:
             try:
@@ -985,7 +999,8 @@ class Supervisor:
                 age = max(0.0, uptime - starttime(p.pid) / tck)
             except ProcessLookupError:
                 continue
-            out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3)])
+            out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3),
+                        _started_by_dbus(p.pid)])
         return out
 
     def _check_liveness(self, s: Session, expected: list[tuple]) -> str | None:
