@@ -32,7 +32,7 @@ PACKAGES = (
     "libglib2.0-bin", "systemd", "tzdata", "dbus",
     "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
     "fonts-dejavu", "unzip", "zip", "curl", "bc", "gnome-settings-daemon-common", "totem",
-    "scrot", "librsvg2-common",
+    "librsvg2-common",
 )
 
 # The video types OSWorld's default_video_player getter asks xdg-mime about: on OSWorld's Ubuntu
@@ -48,9 +48,6 @@ _AS_USER = f"runuser -u user -- env HOME={USER_HOME} LANG=en_US.UTF-8 timeout 18
 COMMANDS = (
     # google-chrome and google-chrome-stable are the wrapper (Debian's chromium under Chrome's names)
     "ln -sf /usr/local/bin/google-chrome /usr/local/bin/google-chrome-stable",
-    # Chrome's browser process is named chrome, as OSWorld's tasks expect (their postconfig runs
-    # `pkill chrome` to restart it)
-    "ln -sf chromium /usr/lib/chromium/chrome",
     "sed 's/^Exec=chromium/Exec=google-chrome/; s/^Name=Chromium/Name=Google Chrome/' "
     "/usr/share/applications/chromium.desktop >/usr/share/applications/google-chrome.desktop",
     # timedatectl: the system bus activates timedated itself (no systemd as pid 1 in a session)
