@@ -69,20 +69,24 @@ COMMANDS = (
     f"&& touch {USER_HOME}/.local/share/keyrings/login.keyring "
     f"&& chown -R 1000:1000 {USER_HOME}/.config {USER_HOME}/.local",
     # what a desktop that has been used once has (OSWorld's getters read these right after a reset):
-    # Chrome's profile with its Preferences and an empty Bookmarks file, GIMP's gimprc, LibreOffice's
+    # Chrome's profile with its Preferences and an empty Bookmarks file, GIMP's gimprc and its sessionrc
+    # (Debian's default layout, as GIMP writes it back on quitting), LibreOffice's
     # user profile (registrymodifications.xcu)
     f"{_AS_USER} google-chrome --headless=new --dump-dom about:blank >/dev/null 2>&1 || true; "
     f"test -f {USER_HOME}/.config/google-chrome/Default/Preferences",
     f"install -o 1000 -g 1000 -m 0644 /usr/local/share/drums/chrome-bookmarks "
     f"{USER_HOME}/.config/google-chrome/Default/Bookmarks",
     # Chromium 156 writes content-setting defaults on its first run, which older Chrome (OSWorld's
-    # VM) leaves out until a setting changes; a getter takes their presence for a changed setting
+    # VM) leaves out until a setting changes; a getter takes their presence for a changed setting.
+    # The headless run also saved its 780x580 window placement, which the first windowed start would
+    # reuse (settings pages then take their narrow layout): a desktop's Chrome sizes its own window
     "python3 -c \"import json; p='" + USER_HOME + "/.config/google-chrome/Default/Preferences'; "
     "d=json.load(open(p)); d.get('profile', {}).pop('default_content_setting_values', None); "
+    "d.get('browser', {}).pop('window_placement', None); "
     "json.dump(d, open(p, 'w'))\"",
     f"{_AS_USER} gimp -i -b '(gimp-quit 0)' >/dev/null 2>&1 || true; mkdir -p {USER_HOME}/.config/GIMP/2.10 && "
     f"{{ test -f {USER_HOME}/.config/GIMP/2.10/gimprc || printf '# GIMP gimprc\\n' "
-    f">{USER_HOME}/.config/GIMP/2.10/gimprc; }} && install -m 0644 /usr/local/share/drums/gimp-sessionrc "
+    f">{USER_HOME}/.config/GIMP/2.10/gimprc; }} && install -m 0644 /etc/gimp/2.0/sessionrc "
     f"{USER_HOME}/.config/GIMP/2.10/sessionrc",
     # LibreOffice as after its first start: no start centre template picker, tip or first-run bar
     # (an Impress task's setup walks the menus with fixed pauses and expects none of them)
@@ -108,7 +112,6 @@ def osworld_spec() -> ImageSpec:
         FileSpec(str(FILES / "timedated.service"), "/usr/local/share/drums/timedated.service", 0o644),
         FileSpec(str(FILES / "chrome-bookmarks"), "/usr/local/share/drums/chrome-bookmarks", 0o644),
         FileSpec(str(FILES / "pulse-volume.pa"), "/usr/local/share/drums/pulse-volume.pa", 0o644),
-        FileSpec(str(FILES / "gimp-sessionrc"), "/usr/local/share/drums/gimp-sessionrc", 0o644),
         FileSpec(str(FILES / "registrymodifications.xcu"), "/usr/local/share/drums/registrymodifications.xcu",
                  0o644),
     )
