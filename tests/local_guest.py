@@ -89,13 +89,15 @@ class LocalDesktop:
         self.token = uuid.uuid4().hex
         self.size = (width, height)
         env = {**os.environ, MARK: self.token}
+        self._xvfb_log = tempfile.NamedTemporaryFile(prefix="drums-local-xvfb-", suffix=".log")
         for n in range(first_display, first_display + 100):
             if os.path.exists(f"/tmp/.X11-unix/X{n}") or os.path.exists(f"/tmp/.X{n}-lock"):
                 continue
             self.display = f":{n}"
+            self._xvfb_log.truncate(0)
             self._xvfb = subprocess.Popen(
-                ["Xvfb", self.display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                ["Xvfb", self.display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-noreset"],
+                env=env, stdout=self._xvfb_log, stderr=subprocess.STDOUT, start_new_session=True)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self._xvfb.poll() is None:
                 if os.path.exists(f"/tmp/.X11-unix/X{n}"):
@@ -106,6 +108,8 @@ class LocalDesktop:
             self._xvfb.wait()
         else:
             raise RuntimeError("no free X display for the local desktop")
+        # the socket exists before the server answers: wait for an X client to be served
+        self._wait_served()
         self._wm_log = tempfile.NamedTemporaryFile(prefix="drums-local-openbox-", suffix=".log")
         self._openbox = subprocess.Popen(["openbox"], env={**env, "DISPLAY": self.display},
                                          stdout=self._wm_log, stderr=subprocess.STDOUT,
@@ -118,6 +122,31 @@ class LocalDesktop:
                 raise RuntimeError(f"the local desktop {self.display} has no window manager: {problem}")
             time.sleep(0.2)
 
+    def _wait_served(self, timeout: float = 15.0) -> None:
+        from Xlib import display as xdisplay
+        from Xlib.error import DisplayError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                xdisplay.Display(self.display).close()
+                return
+            except DisplayError as exc:
+                if time.monotonic() > deadline or self._xvfb.poll() is not None:
+                    problem = f"no X client is served on {self.display}: {exc}; {self._logs()}"
+                    self.close()
+                    raise RuntimeError(f"the local desktop has no X server: {problem}") from exc
+            time.sleep(0.2)
+
+    def _logs(self) -> str:
+        out = []
+        for name, log in (("Xvfb", self._xvfb_log), ("openbox", getattr(self, "_wm_log", None))):
+            if log is not None and not log.closed:
+                log.seek(0)
+                text = log.read().decode(errors="replace").strip()[-2000:]
+                out.append(f"{name} said: {text or '(nothing)'}")
+        return "; ".join(out)
+
     def _wm_running(self) -> bool:
         r = subprocess.run(["wmctrl", "-m"], env={**os.environ, "DISPLAY": self.display},
                            capture_output=True, text=True)
@@ -129,13 +158,11 @@ class LocalDesktop:
                 (("Xvfb", self._xvfb), ("openbox", self._openbox)) if proc.poll() is not None]
         if not gone and self._wm_running():
             return None
-        self._wm_log.seek(0)
-        log = self._wm_log.read().decode(errors="replace").strip()[-2000:]
-        return "; ".join(gone or ["wmctrl sees no window manager"]) + f"; openbox said: {log or '(nothing)'}"
+        return "; ".join(gone or ["wmctrl sees no window manager"]) + f"; {self._logs()}"
 
     def close(self) -> None:
-        for proc in (self._openbox, self._xvfb):
-            if proc.poll() is None:
+        for proc in (getattr(self, "_openbox", None), self._xvfb):
+            if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:
                     proc.wait(10)
@@ -143,7 +170,9 @@ class LocalDesktop:
                     proc.kill()
                     proc.wait()
         kill_token(self.token)
-        self._wm_log.close()
+        for log in (getattr(self, "_wm_log", None), self._xvfb_log):
+            if log is not None:
+                log.close()
         n = self.display.lstrip(":")  # a killed Xvfb leaves its socket and lock
         for path in (f"/tmp/.X11-unix/X{n}", f"/tmp/.X{n}-lock"):
             if os.path.exists(path):
