@@ -10,4 +10,4 @@ demo:
 	cd $(ROOT) && scripts/provision && $(PYTHON) -m drums_osworld.demo
 
 test:
-	cd $(ROOT) && scripts/provision && $(PYTHON) -m pytest -p no:cacheprovider -v -rfE tests
+	cd $(ROOT) && scripts/provision && $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60 tests
