@@ -19,7 +19,7 @@ from .config import X11_DIR
 from .errors import DrumsError
 from .ledger import Ledger
 from .sessionprocs import is_alive
-from .supervisor import Session, SessionSpec, State, Supervisor
+from .supervisor import Liveness, Session, SessionSpec, State, Supervisor
 from .sweep import sweep
 
 log = logging.getLogger("drums.recovery")
@@ -41,7 +41,7 @@ def adopt_session(sup: Supervisor, old: Ledger, sid: str, data: dict) -> Session
     from .config import slot_addresses
 
     s.host_address = slot_addresses(s.slot)[0]
-    s.liveness = "ok"
+    s.liveness = Liveness.OK
     with sup._lock:
         if s.slot in sup._slots_in_use:
             raise RuntimeError(f"slot {s.slot} of adopted session {sid} is taken")

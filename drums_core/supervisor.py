@@ -29,6 +29,7 @@ from .config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, 
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from .restore_steps import RestoreStep, StepTrace, rolled_back
 from .ledger import Ledger
 from .nat import NatManager
 from .procs import mount_key
@@ -39,6 +40,43 @@ from .storebudget import BudgetConfig, StoreKeeper
 log = logging.getLogger("drums.supervisor")
 
 RETRY_LIMIT = 3
+
+
+class Liveness(str, enum.Enum):
+    """Whether a restored session's settled processes outlived the restore (see ``SETTLED_AGE``)."""
+
+    UNCHECKED = "unchecked"
+    OK = "ok"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class _Background:
+    """``fn()`` in a thread of its own: ``join()``, then ``result()`` returns its value or raises what it raised."""
+
+    def __init__(self, name: str, fn) -> None:
+        self._value = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=name)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class State(str, enum.Enum):
@@ -153,7 +191,7 @@ class Session:
     snapshot: str | None = None
     layers: list[str] = field(default_factory=list)
     broken: str | None = None
-    liveness: str = "unchecked"
+    liveness: Liveness = Liveness.UNCHECKED
     timings: dict = field(default_factory=dict)
     cgroup: cgroups.SessionCgroup | None = field(default=None, repr=False)
     oom_kills: int = 0
@@ -164,6 +202,7 @@ class Session:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in ("lock", "cgroup")}
         d["cgroup"] = self.cgroup.name if self.cgroup else None
         d["state"] = self.state.value
+        d["liveness"] = Liveness(self.liveness).value
         d["spec"] = asdict(self.spec)
         d["layers"] = list(self.layers)
         d["timings"] = dict(self.timings)
@@ -482,7 +521,7 @@ class Supervisor:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
                 mark("port")
             s.timings["ready"] = time.monotonic() - t0
-            s.liveness = "ok"
+            s.liveness = Liveness.OK
             self._set_state(s, State.RUNNING)
             log.info("session %s up in %.2fs at %s (run %s)", s.id, s.timings["ready"], s.address, self.run)
             return s
@@ -705,8 +744,16 @@ class Supervisor:
             shutil.rmtree(staging, ignore_errors=True)
             self.ledger.forget("snapshot", snap_id)
             self.ledger.forget("op", f"checkpoint/{snap_id}")
+            log.warning("checkpoint %s of %s failed: %s", snap_id, s.id, exc)
             if is_alive(s.init_pid, s.init_start):
-                self._wire_network(s, create=True)
+                try:
+                    self._wire_network(s, create=True)
+                except Exception as wire:  # noqa: BLE001 - the session cannot be used without its link
+                    self._mark_broken(s, f"checkpoint failed ({exc.message}) and its network could not be "
+                                         f"put back: {wire}")
+                    raise Internal(f"checkpoint of {s.id} failed and its network could not be put back: "
+                                   f"{exc.message}; {wire}", reason="CHECKPOINT_FAILED",
+                                   detail={"dump": exc.detail, "network": str(wire)}) from exc
                 self._set_state(s, State.RUNNING)
                 raise
             self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
@@ -852,86 +899,65 @@ class Supervisor:
         t0 = time.monotonic()
         with self._lock:
             self.sessions[s.id] = s
+        trace = StepTrace(s.id, snap.id)
         try:
-            self._record_session(s)
-            faults.hit("restore-before-overlay")
-            self._prepare_dirs(s)
-            faults.hit("restore-after-writable-layer")
-            self._make_cgroup(s)
-            faults.hit("restore-after-cgroup")
-            self._mount_root(s, [*snap.layers, *lowers])
-            faults.hit("restore-after-overlay")
-            netns.wait_link_gone(s.ifname)
-            faults.arm_criu_timer()
-            try:
-                res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {},
-                                   cgroup_paths=s.cgroup.paths if s.cgroup else None)
-            finally:
-                faults.disarm_criu_timer()
-            self.counters["restores"] += 1
-            s.timings["criu"] = res.seconds
-            s.init_pid = res.pid
-            self.init_pids_seen.add(s.init_pid)
-            s.init_start = starttime(s.init_pid)
-            self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
-            faults.hit("restore-after-criu")
-            faults.fail("restore-resume")
-            self._x11_link(s)
+            with trace.step(RestoreStep.PREPARE_ROOT):
+                self._record_session(s)
+                faults.hit("restore-before-overlay")
+                self._prepare_dirs(s)
+                faults.hit("restore-after-writable-layer")
+                self._make_cgroup(s)
+                faults.hit("restore-after-cgroup")
+                self._mount_root(s, [*snap.layers, *lowers])
+                faults.hit("restore-after-overlay")
+                netns.wait_link_gone(s.ifname)
+            with trace.step(RestoreStep.CRIU):
+                faults.arm_criu_timer()
+                try:
+                    res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {},
+                                       cgroup_paths=s.cgroup.paths if s.cgroup else None)
+                finally:
+                    faults.disarm_criu_timer()
+                self.counters["restores"] += 1
+                s.timings["criu"] = res.seconds
+                s.init_pid = res.pid
+                self.init_pids_seen.add(s.init_pid)
+                s.init_start = starttime(s.init_pid)
+                self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
+                faults.hit("restore-after-criu")
+                faults.fail("restore-resume")
+                self._x11_link(s)
             expect = expect_window if expect_window is not None else (spec.expect_window or
                                                                        (snap.windows[0] if snap.windows else None))
-            # X readiness needs neither the network nor the reseed: wait for it meanwhile.
-            ready_box: dict = {}
-
-            def _ready() -> None:
-                try:
-                    display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
-                                       require_window=expect is not None, min_nonblank=min_nonblank)
-                    ready_box["t"] = time.monotonic() - t0
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the restoring thread
-                    ready_box["error"] = exc
-
-            waiter = threading.Thread(target=_ready, name=f"ready-{s.id}")
-            waiter.start()
+            # readiness needs neither the network nor the reseed: the X server is waited for meanwhile
+            ready = _Background(f"ready-{s.id}", lambda: self._wait_drawn(s, trace, expect, spec, min_nonblank, t0))
             try:
-                self._wire_network(s, create=True)
+                with trace.step(RestoreStep.NETWORK):
+                    self._wire_network(s, create=True)
                 s.timings["network"] = time.monotonic() - t0
-                if reseed:
-                    self._reseed(s)
-                else:
-                    rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE)
+                with trace.step(RestoreStep.RESEED):
+                    if reseed:
+                        self._reseed(s)
+                    else:
+                        rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE)
                 s.timings["reseed"] = time.monotonic() - t0
             finally:
-                waiter.join()
-            if "error" in ready_box:
-                raise ready_box["error"]
-            s.timings["display"] = ready_box.get("t")
-            faults.hit("restore-after-register")
-            faults.fail("restore-readiness")
-            if spec.wait_port and not (reseed and spec.reseed_path):  # the reseed already spoke to the port
-                self._wait_port(s, spec.wait_port, spec.ready_timeout)
+                ready.join()
+            s.timings["display"] = ready.result()
+            with trace.step(RestoreStep.READINESS):
+                faults.hit("restore-after-register")
+                faults.fail("restore-readiness")
+                if spec.wait_port and not (reseed and spec.reseed_path):  # the reseed already spoke to the port
+                    self._wait_port(s, spec.wait_port, spec.ready_timeout)
             s.timings["ready"] = time.monotonic() - t0
             self._set_state(s, State.RUNNING)
         except BaseException as exc:
             self._teardown(s)
             faults.hit("restore-teardown-done")
-            if isinstance(exc, Unavailable) and exc.reason == "CRIU_FAILED":
-                try:
-                    self.store.verify(snap)
-                except Internal as corrupt:
-                    self.store.mark_broken(snap.id, corrupt.message)
-                    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
-                    raise Internal(f"restore of {snap.id} failed on corrupt images: {corrupt.message}; "
-                                   f"CRIU: {' | '.join(lines[-3:])}", reason="IMAGES_CORRUPT",
-                                   detail={"criu_log": lines, "verify": corrupt.message}) from exc
-            if isinstance(exc, DrumsError):
-                if isinstance(exc, Unavailable) or exc.reason in ("LINK_BUSY",):
-                    raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc.message}",
-                                      reason=exc.reason, detail=exc.detail) from exc
+            err = rolled_back(exc, snap.id, lambda: self._corrupt_images(snap))
+            if err is exc:
                 raise
-            if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
-                raise Unavailable(f"restore of {snap.id} failed and was rolled back: {exc}",
-                                  reason="RESTORE_FAILED") from exc
-            raise
+            raise err from exc
         # A process younger than SETTLED_AGE at the dump may be one that ends by itself (Chromium's
         # start-up helpers do, a second or two after its window shows): only settled ones must live on.
         # Snapshots from before ages were recorded ([nspid, comm]) require every process.
@@ -939,17 +965,38 @@ class Supervisor:
         expected = [(p[0], p[1]) for p in snap.processes
                     if len(p) < 3 or (p[2] >= SETTLED_AGE and not (len(p) > 3 and p[3]))]
         if wait_live:
-            time.sleep(self.liveness_delay)
-            dead = self._check_liveness(s, expected)
-            if dead:
-                self._teardown(s)
-                raise Internal(f"restored session {s.id} failed its liveness check: {dead}",
-                               reason="LIVENESS_FAILED", detail=dead)
-            s.liveness = "ok"
+            with trace.step(RestoreStep.LIVENESS):
+                time.sleep(self.liveness_delay)
+                dead = self._check_liveness(s, expected)
+                if dead:
+                    self._teardown(s)
+                    raise Internal(f"restored session {s.id} failed its liveness check: {dead}",
+                                   reason="LIVENESS_FAILED", detail=dead)
+            s.liveness = Liveness.OK
         else:
             threading.Thread(target=self._liveness_later, args=(s, expected), daemon=True).start()
-        log.info("restored %s from %s in %.3fs (criu %.3fs)", s.id, snap.id, s.timings["ready"], res.seconds)
+        s.timings["steps"] = dict(trace.seconds)
+        log.info("restored %s from %s in %.3fs (%s)", s.id, snap.id, s.timings["ready"],
+                 ", ".join(f"{k} {v:.3f}s" for k, v in trace.seconds.items()))
         return s
+
+    def _wait_drawn(self, s: Session, trace: StepTrace, expect: str | None, spec: SessionSpec,
+                    min_nonblank: float, t0: float) -> float:
+        """The readiness step's X part: the display draws (``expect``'s window, if any). Returns the
+        seconds since ``t0``."""
+        with trace.step(RestoreStep.READINESS):
+            display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
+                               require_window=expect is not None, min_nonblank=min_nonblank)
+        return time.monotonic() - t0
+
+    def _corrupt_images(self, snap: Snapshot) -> str | None:
+        """What is wrong with ``snap``'s images (and it is then marked broken), or None if they verify."""
+        try:
+            self.store.verify(snap)
+        except Internal as corrupt:
+            self.store.mark_broken(snap.id, corrupt.message)
+            return corrupt.message
+        return None
 
     def _reseed(self, s: Session) -> None:
         faults.hit("restore-mid-reseed")
@@ -1020,18 +1067,18 @@ class Supervisor:
         if dead:
             self._mark_broken(s, dead)
         else:
-            s.liveness = "ok"
+            s.liveness = Liveness.OK
 
     def wait_live(self, sid: str, timeout: float = 30.0) -> Session:
         s = self.get(sid)
         deadline = time.monotonic() + timeout
-        while s.liveness == "unchecked" and s.state != State.BROKEN and time.monotonic() < deadline:
+        while s.liveness == Liveness.UNCHECKED and s.state != State.BROKEN and time.monotonic() < deadline:
             time.sleep(0.05)
         return self._usable(sid)
 
     def _mark_broken(self, s: Session, reason: str) -> None:
         s.broken = reason
-        s.liveness = "failed"
+        s.liveness = Liveness.FAILED
         s.state = State.BROKEN
         try:
             self.ledger.update("session", s.id, state=State.BROKEN.value, broken=reason)

@@ -146,6 +146,36 @@ def test_restore_failures_are_unavailable_then_internal(client, drums_instance, 
     _no_session_resources(drums_instance)
 
 
+def test_restore_steps_are_named_in_errors_and_in_the_daemon_log(client, drums_instance, xterm_snapshot):
+    """A restore runs as named steps: a failure injected in one names that step in the error's
+    message and detail, and the daemon's log names each step of a restore, failed or done."""
+    sid = xterm_snapshot["id"]
+    log_path = drums_instance.state_root / f"{drums_instance.name}.log"
+    for point, step in (("restore-resume", "criu"), ("restore-reseed", "reseed"),
+                        ("restore-readiness", "readiness")):
+        client.call("inject", point=point, times=1)
+        with pytest.raises(Unavailable) as exc:
+            client.restore(sid)
+        assert exc.value.reason == "INJECTED"
+        assert f"failed at step {step} and was rolled back" in exc.value.message, exc.value.message
+        assert exc.value.detail == {"step": step}, exc.value.detail
+        _no_session_resources(drums_instance)
+        assert f"step {step} failed after" in log_path.read_text(errors="replace")
+        if step == "reseed":  # a success resets the snapshot's streak of failures (3 in a row is Internal)
+            (ok,) = client.restore(sid)
+            client.destroy(ok["id"])
+    (ok,) = client.restore(sid)
+    try:
+        assert set(ok["timings"]["steps"]) == {"prepare-root", "criu", "network", "reseed", "readiness"}
+        assert ok["liveness"] in ("unchecked", "ok")
+        done = [line for line in log_path.read_text(errors="replace").splitlines()
+                if f"restored {ok['id']} from {sid}" in line]
+        assert done and all(f"{name} " in done[-1] for name in ("prepare-root", "criu", "network", "reseed",
+                                                                "readiness")), done
+    finally:
+        client.destroy(ok["id"])
+
+
 def test_corrupt_images_are_internal_and_leave_nothing(client, drums_instance, xterm_snapshot):
     images = drums_instance.snapshots_dir / xterm_snapshot["id"] / "images"
     pages = sorted(images.glob("pages-*.img"), key=lambda p: p.stat().st_size)[-1]
