@@ -747,6 +747,7 @@ class Supervisor:
             log.warning("checkpoint %s of %s failed: %s", snap_id, s.id, exc)
             if is_alive(s.init_pid, s.init_start):
                 try:
+                    faults.fail("checkpoint-rewire")
                     self._wire_network(s, create=True)
                 except Exception as wire:  # noqa: BLE001 - the session cannot be used without its link
                     self._mark_broken(s, f"checkpoint failed ({exc.message}) and its network could not be "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from drums_core.errors import Unavailable
+from drums_core.errors import Internal, Unavailable
 
 BARE = {"image": "default", "programs": []}
 
@@ -64,3 +64,22 @@ def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
         assert client.get(s["id"])["state"] == "RUNNING"
     finally:
         client.destroy(s["id"])
+
+
+def test_a_failed_dump_whose_network_cannot_be_put_back_marks_the_session_broken(client):
+    """After a failed dump the session's link is made again; if that fails too the session cannot be
+    used: it is marked broken (never left CHECKPOINTING), the error says so, and destroy removes it."""
+    s = client.create(BARE)
+    try:
+        _start_holder(client, s["id"], -1)
+        client.call("inject", point="checkpoint-rewire", times=1)
+        with pytest.raises(Internal) as exc:
+            client.checkpoint(s["id"], leave_running=True)
+        assert exc.value.reason == "CHECKPOINT_FAILED", exc.value
+        assert "network could not be put back" in exc.value.message
+        assert "Control messages in queue" in exc.value.message
+        got = client.get(s["id"])
+        assert got["state"] == "BROKEN" and "network could not be put back" in got["broken"], got
+    finally:
+        client.destroy(s["id"])
+    assert s["id"] not in {x["id"] for x in client.list()}
