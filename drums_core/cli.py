@@ -327,6 +327,16 @@ def _passthrough(args, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``drums``: parse, run, and return the exit status (see ``EPILOG``)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`drums ls | head`): no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _main(argv: list[str] | None) -> int:
     parser, cmds = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
