@@ -197,7 +197,8 @@ def _global_options() -> argparse.ArgumentParser:
     g.add_argument("--instance", type=_instance_name, default=sup, metavar="NAME",
                    help="the daemon instance to talk to (default: $DRUMS_INSTANCE or 'default')")
     g.add_argument("--slot-base", type=_int_at_least(0, 16383), default=sup, metavar="N",
-                   help="first session slot of the instance, when this starts its daemon (default: $DRUMS_SLOT_BASE or 0)")
+                   help="first session slot of the instance, when this starts its daemon "
+                        "(default: $DRUMS_SLOT_BASE or 0)")
     g.add_argument("--slot-count", type=_int_at_least(1, 16384), default=sup, metavar="N",
                    help="number of session slots of the instance (default: $DRUMS_SLOT_COUNT or 64)")
     return g
@@ -314,31 +315,20 @@ def _instance(args):
     return dataclasses.replace(inst, **changes) if changes else inst
 
 
-def _passthrough(args, rest: list[str]) -> int:
-    import importlib
-
-    module, _, fn = PASSTHROUGH[args.cmd]
+def passthrough_argv(args, rest: list[str]) -> list[str]:
+    """The arguments a passthrough command's own ``main`` gets: the global options it takes, then ``rest``."""
     forwarded = ["--json"] if args.json else []
     for name in _PASSED_GLOBALS.get(args.cmd, ()):
         value = getattr(args, name)
         if value is not None:
             forwarded += [f"--{name.replace('_', '-')}", str(value)]
-    return getattr(importlib.import_module(module), fn)(forwarded + rest)
+    return forwarded + rest
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``drums``: parse, run, and return the exit status (see ``EPILOG``)."""
-    try:
-        return _main(argv)
-    except BrokenPipeError:  # the reader went away (`drums ls | head`): no traceback
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_FAILED
-
-
-def _main(argv: list[str] | None) -> int:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Parse ``drums`` arguments: (namespace with the global options' defaults filled in, what a
+    passthrough command parses itself). A usage error exits 2 with one line on stderr."""
     parser, cmds = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
     if "--" in argv and "exec" in argv[: argv.index("--")]:  # after --: the command of `drums exec`
         cut = argv.index("--")
@@ -348,10 +338,7 @@ def _main(argv: list[str] | None) -> int:
         if not hasattr(args, k):
             setattr(args, k, v)
     if args.cmd in PASSTHROUGH:
-        try:
-            return _passthrough(args, rest)
-        except KeyboardInterrupt:
-            return 130
+        return args, rest
     if rest:
         cmds[args.cmd].error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd == "exec":
@@ -369,19 +356,38 @@ def _main(argv: list[str] | None) -> int:
             args.network_spec = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
         except DrumsError as exc:
             cmds["up"].error(f"bad network: {exc.message}")
+    return args, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``drums``: parse, run, and return the exit status (see ``EPILOG``)."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # the reader went away (`drums ls | head`): no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(argv: list[str]) -> int:
+    import importlib
+
+    args, rest = parse(argv)
+    if args.cmd in PASSTHROUGH:
+        module, _, fn = PASSTHROUGH[args.cmd]
+        return getattr(importlib.import_module(module), fn)(passthrough_argv(args, rest))
+    status = EXIT_EXEC_DRUMS if args.cmd == "exec" else EXIT_FAILED
     try:
         client = Client(_instance(args))
         return _run(args, client)
     except DrumsError as exc:
-        return report_error(exc, args.json, f"drums {args.cmd}",
-                            EXIT_EXEC_DRUMS if args.cmd == "exec" else EXIT_FAILED)
+        return report_error(exc, args.json, f"drums {args.cmd}", status)
     except OSError as exc:  # e.g. the screenshot's file cannot be written
         from .errors import Unavailable
 
-        err = Unavailable(str(exc), reason="OS_ERROR")
-        return report_error(err, args.json, f"drums {args.cmd}", EXIT_EXEC_DRUMS if args.cmd == "exec" else EXIT_FAILED)
-    except KeyboardInterrupt:
-        return 130
+        return report_error(Unavailable(str(exc), reason="OS_ERROR"), args.json, f"drums {args.cmd}", status)
 
 
 def _run(args, client: Client) -> int:
