@@ -173,8 +173,8 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
                                      reason="PURGE_REFUSED")
     Client(instance, autostart=False, timeout=wait).shutdown(destroy_sessions=True, wait=wait)
     report.daemon_stopped = bool(plan.daemon_pid)
-    if not instance.state_root.is_dir():
-        return report
+    if not instance.state_root.is_dir() or not (os.path.lexists(instance.state_dir) or plan.files or plan.spill_dir):
+        return report  # nothing of the instance here (and no lock file made just to take it)
     lock_path = instance.state_root / f"{instance.name}.lock"
     lock = os.open(lock_path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
