@@ -355,7 +355,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         try:
             args.network_spec = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
         except DrumsError as exc:
-            cmds["up"].error(f"bad network: {exc.message}")
+            cmds["up"].error(f"bad network: {exc}")  # the message and its [REASON]
     return args, []
 
 
