@@ -165,6 +165,18 @@ def _instance_name(text: str) -> str:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
+def _shell_words(text: str) -> str:
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if not words:
+        raise argparse.ArgumentTypeError("an empty command")
+    return text
+
+
 def _output_file(text: str) -> str:
     parent = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(parent):
@@ -226,7 +238,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     help="the desktop image (default: osworld; with --bare: default)")
     up.add_argument("--bare", action="store_true",
                     help="the engine's bare session: X, the window manager and --program only, no guest server")
-    up.add_argument("--program", action="append", default=[], metavar="COMMAND",
+    up.add_argument("--program", action="append", default=[], metavar="COMMAND", type=_shell_words,
                     help="a program to start in the session, as shell words (repeatable)")
     up.add_argument("--expect-window", default=None, metavar="TITLE",
                     help="ready only once a window with this title (or class) is mapped")
@@ -303,16 +315,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def _instance(args):
-    """The instance the global options name, over $DRUMS_INSTANCE/_SLOT_BASE/_SLOT_COUNT."""
-    import dataclasses
+    """The instance the global options name; what they leave out from $DRUMS_INSTANCE,
+    $DRUMS_SLOT_BASE and $DRUMS_SLOT_COUNT (ValueError or InvalidArgument when those are bad)."""
+    from .config import Instance, check_name
 
-    from .config import instance_from_env
-
-    inst = instance_from_env()
-    changes = {k: getattr(args, k) for k in ("slot_base", "slot_count") if getattr(args, k) is not None}
-    if args.instance is not None:
-        changes["name"] = args.instance
-    return dataclasses.replace(inst, **changes) if changes else inst
+    env = os.environ
+    name = args.instance if args.instance is not None else check_name(env.get("DRUMS_INSTANCE", "default"),
+                                                                       "instance")
+    base = args.slot_base if args.slot_base is not None else int(env.get("DRUMS_SLOT_BASE", "0"))
+    count = args.slot_count if args.slot_count is not None else int(env.get("DRUMS_SLOT_COUNT", "64"))
+    return Instance(name=name, slot_base=base, slot_count=count)
 
 
 def passthrough_argv(args, rest: list[str]) -> list[str]:
@@ -349,6 +361,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         cmds["shutdown"].error("--dry-run goes with --purge")
     if args.cmd == "sweep" and args.force and not args.run:
         cmds["sweep"].error("--force needs --run")
+    try:
+        args.target = _instance(args)
+    except (DrumsError, ValueError) as exc:  # $DRUMS_INSTANCE, $DRUMS_SLOT_BASE or $DRUMS_SLOT_COUNT
+        parser.error(f"bad instance settings in the environment: {exc}")
     if args.cmd == "up":
         from .netpolicy import from_options
 
@@ -380,7 +396,7 @@ def _main(argv: list[str]) -> int:
         return getattr(importlib.import_module(module), fn)(passthrough_argv(args, rest))
     status = EXIT_EXEC_DRUMS if args.cmd == "exec" else EXIT_FAILED
     try:
-        client = Client(_instance(args))
+        client = Client(args.target)
         return _run(args, client)
     except DrumsError as exc:
         return report_error(exc, args.json, f"drums {args.cmd}", status)
@@ -478,8 +494,10 @@ def _purge(args, instance) -> int:
             print(json.dumps({"plan": plan.to_dict(), "dry_run": True}, indent=1))
         return 0
     report = purge(instance, plan)
+    done = report.daemon_stopped or report.removed or report.unmounted
     _out(args, {"plan": plan.to_dict(), **report.to_dict()},
-         f"purged instance {instance.name}: removed {len(report.removed)} path(s), unmounted {len(report.unmounted)}")
+         f"purged instance {instance.name}: removed {len(report.removed)} path(s), unmounted "
+         f"{len(report.unmounted)}" if done else "nothing to purge")
     return 0
 
 
