@@ -123,6 +123,7 @@ def _drums(*args: str, cwd: str = "/") -> subprocess.CompletedProcess:
     ["up", "--screen", "10x10"],
     ["up", "--network", "bogus"],
     ["up", "--network", "none", "--upstream", "eth0"],
+    ["up", "--program", "xterm '"],
     [],
     ["frobnicate"],
     ["ls", "--bogus"],
@@ -149,6 +150,20 @@ def test_usage_errors_exit_2_with_one_line(argv):
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in out.stderr, (argv, out.stderr)
     assert out.stdout == ""
+
+
+def test_bad_instance_settings_in_the_environment_are_usage_errors(monkeypatch):
+    for var, value in (("DRUMS_SLOT_BASE", "abc"), ("DRUMS_INSTANCE", "../etc")):
+        env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE="no-such-instance-cli-unit")
+        env[var] = value
+        out = subprocess.run([sys.executable, "-m", "drums_core.cli", "ls"], capture_output=True, text=True,
+                             env=env, cwd="/", timeout=60)
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "environment" in out.stderr, out.stderr
+    # the global options win over the environment
+    monkeypatch.setenv("DRUMS_INSTANCE", "../etc")
+    monkeypatch.setenv("DRUMS_SLOT_BASE", "abc")
+    args, _ = cli.parse(["ls", "--instance", "fine", "--slot-base", "5"])
+    assert (args.target.name, args.target.slot_base) == ("fine", 5)
 
 
 def test_up_bad_screen_message_names_the_format():
