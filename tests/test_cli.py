@@ -179,3 +179,39 @@ def test_shutdown_purge_leaves_nothing_of_the_instance(tmp_path):
     finally:
         stop_instance(inst)
         assert (canary / "keep").exists()
+
+
+def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
+    """`shutdown --destroy` stops the daemon and its sessions and keeps the state; a plain `shutdown`
+    leaves the sessions running, and a purge then sweeps them (no daemon to ask) and removes it all."""
+    from drums_core.config import STATE_ROOT, Instance
+    from drums_core.hoststate import instance_leaks
+    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+
+    require_root()
+    inst = Instance(name=f"clipurge2-{os.getpid()}", slot_base=SPARE_SLOTS[11], slot_count=1)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE=inst.name, DRUMS_SLOT_BASE=str(inst.slot_base),
+                   DRUMS_SLOT_COUNT=str(inst.slot_count))
+        out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
+                             env=env, timeout=300, cwd="/")
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        return out
+
+    try:
+        run("up", "--bare")
+        assert run("shutdown", "--destroy").stdout.strip() == "drumsd stopped, its sessions destroyed"
+        leaks = instance_leaks(inst)
+        assert not leaks["processes"] and not leaks["links"] and not leaks["nft"], leaks
+        assert inst.state_dir.is_dir()  # --destroy keeps the state
+        sid = json.loads(run("up", "--bare", "--json").stdout)["id"]
+        run("shutdown")  # the session survives its daemon
+        assert instance_leaks(inst)["processes"], "a plain shutdown keeps the sessions running"
+        out = run("shutdown", "--purge").stdout
+        assert "stop drumsd" not in out and "sweep 1 run(s) of a daemon no longer running" in out, out
+        assert sorted(p.name for p in STATE_ROOT.glob(f"{inst.name}*")) == []
+        leaks = instance_leaks(inst)
+        assert not any(v for k, v in leaks.items() if k != "probe_errors"), (sid, leaks)
+    finally:
+        stop_instance(inst)
