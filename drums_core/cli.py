@@ -262,8 +262,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     cp.add_argument("--cache", action="store_true", help="the store may evict it when nothing uses it")
     rs = add("restore", "restore (branch) a snapshot into new sessions")
     rs.add_argument("snapshot", help="the snapshot's id or name")
-    rs.add_argument("--count", type=_int_at_least(1, 256), default=1, metavar="N",
-                    help="how many sibling sessions to restore at once (default 1)")
+    rs.add_argument("--count", type=_int_at_least(1, 16384), default=1, metavar="N",
+                    help="how many sibling sessions to restore at once (default 1; at most the instance's slots)")
     rs.add_argument("--wait-live", action="store_true",
                     help="return only after the liveness check (every checkpointed process still there)")
     rs.add_argument("--expect-window", metavar="TITLE",
