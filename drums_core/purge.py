@@ -181,8 +181,9 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FailedPrecondition(f"drumsd of instance {instance.name} is still running (it holds {lock_path}) "
-                                     "and did not stop when asked; nothing was deleted",
+            raise FailedPrecondition(f"drumsd of instance {instance.name} is still running (it holds {lock_path}): "
+                                     f"it did not stop within {wait:.0f}s of being asked (still destroying "
+                                     "sessions?); nothing was deleted, run the purge again",
                                      reason="PURGE_REFUSED") from None
         if instance.ledger_root.is_dir():
             result = sweep(instance.ledger_root)
