@@ -370,11 +370,18 @@ def format_check(c: Check) -> str:
     return line
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="drums doctor",
-                                     description="Check this host's prerequisites for Drums.")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``drums doctor`` (usage errors: one line, exit status 2)."""
+    from .cli import UsageParser
+
+    parser = UsageParser(prog="drums doctor", description="Check this host's prerequisites for Drums "
+                         "(exit status 1 when a required check fails).")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     checks = run_checks()
     ok = all(c.ok for c in checks if c.required)
     if args.json:

@@ -1077,21 +1077,28 @@ def _cmd_build(args: argparse.Namespace) -> tuple[Any, str]:
     return {"built": built, "image": m.to_json()}, human
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``drums image build|ls|rm`` (also ``python -m drums_core.images``)."""
-    parser = argparse.ArgumentParser(prog="drums image", description="desktop images built from Debian packages")
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``drums image`` (usage errors: one line, exit status 2)."""
+    from .cli import UsageParser
+
+    parser = UsageParser(prog="drums image", description="desktop images built from Debian packages")
     parser.add_argument("--json", action="store_true", help="print a JSON document")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print a JSON document")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     b = sub.add_parser("build", parents=[common], help="build an image (the default one unless NAME/--spec)")
-    b.add_argument("name", nargs="?")
-    b.add_argument("--spec", help="a JSON image spec file")
+    b.add_argument("name", nargs="?", help="the image to build (default: default; osworld: OSWorld's applications)")
+    b.add_argument("--spec", metavar="FILE", help="a JSON image spec file")
     b.add_argument("--force", action="store_true", help="rebuild even when the spec is unchanged")
     sub.add_parser("ls", parents=[common], help="list built images")
     r = sub.add_parser("rm", parents=[common], help="remove an image no session uses")
-    r.add_argument("name")
-    args = parser.parse_args(argv)
+    r.add_argument("name", help="the image to remove")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``drums image build|ls|rm`` (also ``python -m drums_core.images``)."""
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "build":

@@ -324,9 +324,11 @@ def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``drums rollouts``: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="drums rollouts", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``drums rollouts`` (usage errors: one line, exit status 2)."""
+    from drums_core.cli import UsageParser
+
+    parser = UsageParser(prog="drums rollouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", required=True, help="task file, or a task name/id under tasks/")
     parser.add_argument("--from-state", required=True, metavar="NAME", help="snapshot name or id to branch from")
     parser.add_argument("--branches", type=int, default=None, help="number of siblings (default: one per script)")
@@ -336,7 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", default=None, help="Drums instance (default: $DRUMS_INSTANCE or default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the JSON lines instead of the table")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``drums rollouts``: see the module docstring."""
+    args = build_parser().parse_args(argv)
     try:
         scripts = load_scripts(args.actions, args.branches)
         task = _resolve_task(args.task)

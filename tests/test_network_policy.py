@@ -636,9 +636,10 @@ def test_the_gym_env_and_drums_up_choose_the_policy(drums, up, monkeypatch):
                         (["up", "--network", "bridge"], "unknown network policy"),
                         (["up", "--network", "none", "--upstream", up.ifname], "takes no upstream"),
                         (["up", "--upstream", up.ifname, "--dns", "not-an-address"], "is not an IPv4 address")):
+        # a usage error of the CLI: exit status 2, one line on stderr, checked before any daemon is asked
         out = subprocess.run([sys.executable, "-m", "drums_core.cli", "--json", *argv], capture_output=True,
                              text=True, env=env_vars, timeout=60)
-        assert out.returncode == 1, (argv, out)
-        error = json.loads(out.stdout)["error"]
-        assert error["reason"] == "BAD_NETWORK" and words in error["message"], (argv, error)
+        assert out.returncode == 2 and out.stdout == "", (argv, out)
+        assert len(out.stderr.splitlines()) == 1, (argv, out.stderr)
+        assert "[BAD_NETWORK]" in out.stderr and words in out.stderr, (argv, out.stderr)
     assert not (STATE_ROOT / f"nosuch-{os.getpid()}").exists(), "a bad `drums up` must not start a daemon"

@@ -55,8 +55,10 @@ __all__ = ["SUITES", "main", "run_suite"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="drums bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from drums_core.cli import UsageParser
+
+    p = UsageParser(prog="drums bench", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suite", choices=[*SUITES, "all"], help="which suite to run ('all' runs them in turn)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--out", type=Path, default=None, help="directory for <suite>.json/.md/.png "
