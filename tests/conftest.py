@@ -128,6 +128,28 @@ def instance_links(instance: Instance) -> list[str]:
     return [ln for ln in host_leaks()["links"] if ln in mine]
 
 
+# markers by where a test lives (see pyproject.toml); the unit lane needs neither root nor sessions
+_MARKS_BY_DIR = {"bench": ("root", "slow"), "faults": ("root", "slow"), "osworld": ("root", "osworld"),
+                 "ray": ("root", "ray")}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Mark each test by its folder, and run the fast unit lane first (``pytest -m 'not root'`` runs
+    it alone); the rest keep their order."""
+    tests_dir = Path(__file__).resolve().parent
+    unit, rest = [], []
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(tests_dir)
+        top = rel.parts[0] if len(rel.parts) > 1 else ""
+        if top == "unit":
+            unit.append(item)
+            continue
+        for name in _MARKS_BY_DIR.get(top, ("root",)):
+            item.add_marker(name)
+        rest.append(item)
+    items[:] = unit + rest
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Leave no trace of the run's instances in the state root: the files the suite's own instances
     (``pytest-<pid>*``, ``benchtest-<pid>*``) would leave must already be gone (a leftover fails the
