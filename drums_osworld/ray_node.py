@@ -43,12 +43,13 @@ from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
 
+from .actions import run_script
+
 log = logging.getLogger("drums.osworld.ray_node")
 
 CHUNK_BYTES = 8 << 20
-SPECIAL_ACTIONS = ("WAIT", "DONE", "FAIL")
 
-__all__ = ["CHUNK_BYTES", "NodeAgent", "parse_action", "start_daemon_detached"]
+__all__ = ["CHUNK_BYTES", "NodeAgent", "start_daemon_detached"]
 
 
 def _envelope(fn):
@@ -67,19 +68,6 @@ def _envelope(fn):
 
     wrapper.__drums_envelope__ = True
     return wrapper
-
-
-def parse_action(action: Any) -> tuple[str, str | None]:
-    """(kind, code): kind is WAIT/DONE/FAIL or ``code``, as OSWorld's pyautogui action space takes them."""
-    if isinstance(action, str):
-        return (action, None) if action in SPECIAL_ACTIONS else ("code", action)
-    if isinstance(action, dict):
-        kind = action.get("action_type")
-        if kind in SPECIAL_ACTIONS:
-            return kind, None
-        if isinstance(action.get("command"), str):
-            return "code", action["command"]
-    raise InvalidArgument(f"an action is pyautogui code, WAIT, DONE or FAIL, not {action!r:.200}", reason="BAD_ACTION")
 
 
 def start_daemon_detached(instance: Instance, env: dict | None = None, wait: float = 60.0) -> None:
@@ -262,7 +250,7 @@ class NodeAgent:
     @_envelope
     def run_actions(self, sid: str, actions: list, pause: float = 0.2) -> dict:
         with self._guest(sid) as guest:
-            return self._run_actions(guest, actions, pause)
+            return run_script(guest, actions, pause)
 
     @_envelope
     def evaluate(self, sid: str, task: dict, last_action: Any = None) -> float:
@@ -287,7 +275,7 @@ class NodeAgent:
         try:
             with self._guest_for(s) as guest:
                 t = time.monotonic()
-                ran = self._run_actions(guest, actions, pause)
+                ran = run_script(guest, actions, pause)
                 out["timings"]["actions"] = time.monotonic() - t
                 out.update(actions_run=ran["actions_run"], last_action=ran["last_action"], errors=ran["errors"])
                 t = time.monotonic()
@@ -315,31 +303,6 @@ class NodeAgent:
         from .guest_client import GuestClient
 
         return GuestClient(session["address"], GUEST_PORT, timeout=180.0)
-
-    @staticmethod
-    def _run_actions(guest, actions: list, pause: float) -> dict:
-        """Each action as ``DesktopEnv.step`` runs it: code through /execute, WAIT sleeps, DONE/FAIL stop."""
-        from .gym_env import fix_pyautogui_less_than
-        from .guest_client import GuestHTTPError, GuestTimeout
-
-        if not isinstance(actions, list):
-            raise InvalidArgument("actions must be a list", reason="BAD_ACTION")
-        parsed = [parse_action(a) for a in actions]  # all checked before any runs
-        ran, last, errors = 0, None, []
-        for (kind, code), action in zip(parsed, actions, strict=True):
-            ran += 1
-            last = action
-            if kind in ("DONE", "FAIL"):
-                break
-            if kind == "code":
-                try:
-                    res = guest.run_python(fix_pyautogui_less_than(code))
-                    if res.returncode not in (0, None):
-                        errors.append({"step": ran, "returncode": res.returncode, "error": res.error[-2000:]})
-                except (GuestHTTPError, GuestTimeout) as exc:  # OSWorld's controller logs these and goes on
-                    errors.append({"step": ran, "error": str(exc)[-2000:]})
-            time.sleep(pause)
-        return {"actions_run": ran, "last_action": last, "errors": errors}
 
     # ------------------------------------------------------------------ snapshots
     @_envelope

@@ -24,6 +24,8 @@ from typing import Any
 
 from drums_core.errors import InvalidArgument
 
+from .actions import SPECIAL_ACTIONS
+
 __all__ = [
     "OSWORLD_GETTERS",
     "OSWORLD_METRICS",
@@ -126,9 +128,6 @@ OSWORLD_STEP_TYPES: dict[str, tuple[frozenset[str] | None, frozenset[str]]] = {
     "login": (_ANY, frozenset()),
     "update_browse_history": (_ANY, frozenset()),
 }
-
-#: The actions that ``DesktopEnv.step`` treats specially rather than running as code.
-SPECIAL_ACTIONS = frozenset({"WAIT", "DONE", "FAIL"})
 
 _PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 _SOLUTION_FIELDS = ("drums_solution", "drums_wrong_solution")
