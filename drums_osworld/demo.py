@@ -243,13 +243,13 @@ class _Daemon:
         if inst.ledger_root.exists():
             sweep(inst.ledger_root)
         unmounted = unmount_tree(inst.state_dir) if inst.state_dir.exists() and is_mountpoint(inst.state_dir) else 0
-        for suffix in (".lock", ".start.lock", ".stderr"):
-            (inst.state_root / f"{inst.name}{suffix}").unlink(missing_ok=True)
+        for path in inst.daemon_files:
+            path.unlink(missing_ok=True)
         try:
             inst.state_dir.rmdir()
         except OSError:
             pass
-        return {"stopped": True, "unmounted": unmounted, "log": str(inst.state_root / f"{inst.name}.log")}
+        return {"stopped": True, "unmounted": unmounted, "log": str(inst.log_file)}
 
 
 def _leftovers(client: Any, sessions: list[str], state: str | None) -> list[str]:

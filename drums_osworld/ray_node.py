@@ -12,8 +12,9 @@ Contracts:
   <DrumsError wire form>}``, so the driver rebuilds the same error classes (``Unavailable``,
   ``Internal``...) whatever Ray does with exceptions. Anything that is not a ``DrumsError``
   crosses as ``Internal``.
-* The daemon is started once, *detached* (double fork: a Ray worker kills its own children when it
-  exits, and the daemon is the host's, not the actor's). After that the agent never restarts it
+* The daemon is started once, *detached* (:func:`drums_core.client.start_daemon` with
+  ``detach=True``, a double fork: a Ray worker kills its own children when it exits, and the
+  daemon is the host's, not the actor's). After that the agent never restarts it
   behind the caller's back: a dead daemon fails calls with ``Unavailable`` (``DAEMON_DIED`` for the
   calls in flight, ``DAEMON_DOWN`` after), until :meth:`NodeAgent.restart_daemon`.
 * Transfers: :meth:`export` packs a chain into this agent's spool (``DRUMS_TRANSFER_DIR``, default
@@ -25,21 +26,18 @@ Contracts:
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from drums_core.client import Client
+from drums_core.client import Client, start_daemon
 from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
 
@@ -49,7 +47,7 @@ log = logging.getLogger("drums.osworld.ray_node")
 
 CHUNK_BYTES = 8 << 20
 
-__all__ = ["CHUNK_BYTES", "NodeAgent", "start_daemon_detached"]
+__all__ = ["CHUNK_BYTES", "NodeAgent"]
 
 
 def _envelope(fn):
@@ -68,53 +66,6 @@ def _envelope(fn):
 
     wrapper.__drums_envelope__ = True
     return wrapper
-
-
-def start_daemon_detached(instance: Instance, env: dict | None = None, wait: float = 60.0) -> None:
-    """Start ``drumsd`` for ``instance`` unless it answers, detached from this process (double fork).
-
-    Same start lock and stderr file as :meth:`drums_core.client.Client.start_daemon`, so racing
-    starters (clients, other agents) start one daemon.
-    """
-    root = instance.state_root
-    root.mkdir(parents=True, exist_ok=True)
-    probe = Client(instance, autostart=False, timeout=10)
-    lock = os.open(root / f"{instance.name}.start.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            probe.ping()
-            return
-        except DrumsError:
-            pass
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        paths = [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p and p != pkg_parent]
-        full_env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *paths])
-        argv = ["setsid", "--fork", sys.executable, "-m", "drums_core.daemon", "--instance", instance.name,
-                "--slot-base", str(instance.slot_base), "--slot-count", str(instance.slot_count)]
-        errpath = root / f"{instance.name}.stderr"
-        with open(errpath, "ab") as errlog:
-            rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=full_env,
-                                cwd="/", timeout=30).returncode
-        if rc != 0:
-            raise Unavailable(f"could not start drumsd for {instance.name}: setsid exited {rc}",
-                              reason="DAEMON_START_FAILED")
-        deadline = time.monotonic() + wait
-        last: DrumsError | None = None
-        while time.monotonic() < deadline:
-            try:
-                probe.ping()
-                return
-            except DrumsError as exc:
-                last = exc
-                time.sleep(0.05)
-        tail = errpath.read_text(errors="replace")[-2000:] if errpath.exists() else ""
-        raise Unavailable(f"drumsd ({instance.name}) did not answer within {wait}s: {last}; stderr: {tail}",
-                          reason="DAEMON_START_FAILED")
-    finally:
-        os.close(lock)
 
 
 class NodeAgent:
@@ -138,7 +89,7 @@ class NodeAgent:
         self._daemon_has_transfer: bool | None = None
         self._drop_dead_spools()
         self.spool.mkdir(parents=True, mode=0o700, exist_ok=True)
-        start_daemon_detached(self.instance, self.daemon_env)
+        start_daemon(self.instance, self.daemon_env, detach=True)
         self.daemon_pid = self.client.ping()["pid"]
 
     def _drop_dead_spools(self) -> None:
@@ -177,7 +128,7 @@ class NodeAgent:
         """Start a fresh daemon (its recovery adopts live sessions and sweeps the dead run's rest)."""
         if env is not None:
             self.daemon_env = dict(env)
-        start_daemon_detached(self.instance, self.daemon_env)
+        start_daemon(self.instance, self.daemon_env, detach=True)
         self.daemon_pid = self.client.ping()["pid"]
         return {"daemon_pid": self.daemon_pid}
 

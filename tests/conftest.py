@@ -95,8 +95,8 @@ def stop_instance(instance: Instance) -> dict:
     from drums_core.storebudget import DEFAULT_SPILL_ROOT
 
     shutil.rmtree(DEFAULT_SPILL_ROOT / instance.name, ignore_errors=True)
-    for suffix in (".lock", ".start.lock", ".stderr", ".log"):
-        (instance.state_root / f"{instance.name}{suffix}").unlink(missing_ok=True)
+    for path in (*instance.daemon_files, instance.log_file):
+        path.unlink(missing_ok=True)
     try:
         instance.state_dir.rmdir()
     except OSError:
