@@ -213,12 +213,11 @@ def readlink(path: str) -> str | None:
         return None
 
 
-def boot_id() -> str | None:
-    try:
-        with open(f"{PROC}/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+def boot_id() -> str:
+    """This boot's id. OSError when it cannot be read: callers fail closed (a wrong or missing id
+    would make a live ledger owner look dead, or a snapshot of another boot look restorable)."""
+    with open(f"{PROC}/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
 
 
 def is_alive(pid: int, start: int | None = None) -> bool:

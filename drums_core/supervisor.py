@@ -32,9 +32,9 @@ from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgum
 from .ledger import Ledger
 from .nat import NatManager
 from . import procs
-from .procs import is_alive, mount_key
+from .procs import boot_id, is_alive, mount_key
 from .sessionprocs import ProcessInfo, kill_tree_under, session_processes
-from .snapshots import Snapshot, SnapshotStore, boot_id
+from .snapshots import Snapshot, SnapshotStore
 from .storebudget import BudgetConfig, StoreKeeper
 
 log = logging.getLogger("drums.supervisor")

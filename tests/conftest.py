@@ -21,7 +21,7 @@ for p in (str(REPO), str(REPO / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from drums_core.config import STATE_ROOT, Instance  # noqa: E402
+from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
 from drums_core.hoststate import instance_leaks  # noqa: E402 - the suite's own leak check below
 
 # Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
@@ -59,8 +59,7 @@ def host_leaks(state_dir: Path | None = None) -> dict:
              if ln.split(":")[1].strip().startswith("dvh") and not ln.split(":")[1].strip().startswith("dvhdoc")]
     tables = [ln for ln in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.splitlines()
               if " drums" in ln]
-    xdir = Path("/tmp/.X11-unix")
-    xlinks = [p.name for p in xdir.glob("X*") if p.is_symlink()] if xdir.exists() else []
+    xlinks = [p.name for p in X11_DIR.glob("X*") if p.is_symlink()] if X11_DIR.exists() else []
     return {"processes": procs, "mounts": mounts, "links": links, "nft": tables, "x11links": xlinks}
 
 
