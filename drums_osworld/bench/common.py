@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -158,29 +157,6 @@ def _fs_type(path: str) -> str:
             if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
                 best, kind = mp, parts[2]
     return kind
-
-
-# ----------------------------------------------------------------------------------- progress
-def progress(total: int, desc: str, quiet: bool = False):
-    """A tqdm bar on stderr (a no-op stand-in when tqdm is missing or ``quiet``)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is in the dev extra; the bench still runs without it
-        tqdm = None
-    if tqdm is None or quiet:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, file=sys.stderr, unit="step", dynamic_ncols=True, leave=True)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 # ----------------------------------------------------------------------------------- daemon instances
