@@ -111,10 +111,15 @@ def clean_link_target(target: str | None) -> str | None:
 
 def arg_paths(arg: str) -> list[str]:
     """Absolute paths named by one command-line element (``/a``, ``--root=/a``, ``lowerdir=/a:/b``)."""
-    out: list[str] = []
     pieces = [arg]
     for sep in ("=", ",", ":"):
         pieces = [q for p in pieces for q in p.split(sep)]
+    return _abs_paths(pieces)
+
+
+def _abs_paths(pieces: Iterable[str]) -> list[str]:
+    """The absolute paths among ``pieces``, normalised (those :func:`norm_path` refuses are left out)."""
+    out: list[str] = []
     for piece in pieces:
         if piece.startswith("/"):
             try:
@@ -453,13 +458,7 @@ class MountInfo:
             for opt in split_superopts(self.superopts):
                 name, _, value = opt.partition("=")
                 if name in ("lowerdir", "upperdir", "workdir", "datadir", "lowerdir+", "datadir+"):
-                    for piece in value.split(":"):
-                        piece = piece.replace("\\:", ":")
-                        if piece.startswith("/"):
-                            try:
-                                out.append(norm_path(piece))
-                            except ValueError:
-                                continue
+                    out.extend(_abs_paths(piece.replace("\\:", ":") for piece in value.split(":")))
         return out
 
     @property
