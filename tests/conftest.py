@@ -83,24 +83,15 @@ def drums_instance():
 def stop_instance(instance: Instance) -> dict:
     """Stop the instance's daemon (destroying its sessions), sweep dead ledgers, unmount its state."""
     from drums_core.client import Client
-    from drums_core.rootfs import is_mountpoint, unmount_tree
-    from drums_core.sweep import sweep
+    from drums_core.storebudget import DEFAULT_SPILL_ROOT
+    from drums_core.sweep import sweep_instance
 
     Client(instance, autostart=False).shutdown(destroy_sessions=True)
-    report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
-    if instance.state_dir.exists() and is_mountpoint(instance.state_dir):
-        unmount_tree(instance.state_dir)
+    report = sweep_instance(instance)["sweep"]
     # snapshots the store spilled to disk belonged to the tmpfs just unmounted (drums_core.storebudget)
-    from drums_core.storebudget import DEFAULT_SPILL_ROOT
-
     shutil.rmtree(DEFAULT_SPILL_ROOT / instance.name, ignore_errors=True)
-    for path in (*instance.daemon_files, instance.log_file):
-        path.unlink(missing_ok=True)
-    try:
-        instance.state_dir.rmdir()
-    except OSError:
-        pass
-    return report.to_dict() if report is not None else {}
+    instance.log_file.unlink(missing_ok=True)
+    return report
 
 
 @pytest.fixture

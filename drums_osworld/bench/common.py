@@ -224,18 +224,9 @@ class BenchInstance:
         self._sweep_and_unmount()
 
     def _sweep_and_unmount(self) -> dict:
-        from drums_core.rootfs import is_mountpoint, unmount_tree
-        from drums_core.sweep import sweep
+        from drums_core.sweep import sweep_instance
 
-        inst = self.instance
-        report = sweep(inst.ledger_root) if inst.ledger_root.exists() else None
-        if inst.state_dir.exists() and is_mountpoint(inst.state_dir):
-            unmount_tree(inst.state_dir)
-        for path in inst.daemon_files:
-            path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            inst.state_dir.rmdir()
-        return report.to_dict() if report is not None else {}
+        return sweep_instance(self.instance)["sweep"]
 
     def daemon_stats(self) -> dict:
         """The daemon's open fds, threads and RSS (leaks in the daemon itself show here)."""
