@@ -220,15 +220,24 @@ def _check_command(where: str, params: Mapping[str, Any], problems: list[str]) -
         problems.append(f"{where}: 'shell' must be true or false")
 
 
+def _type_of(where: str, obj: Any, problems: list[str], not_object: str, no_type: str) -> str | None:
+    """The ``type`` of the object ``obj``; None, with the problem noted, when it is no object or has no type."""
+    if not isinstance(obj, Mapping):
+        problems.append(f"{where}: {not_object}")
+        return None
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        problems.append(f"{where}: {no_type}")
+        return None
+    return kind
+
+
 def _check_step(where: str, step: Any, problems: list[str], drums: bool) -> None:
     from drums_osworld.evaluation.setup import SUPPORTED_STEP_TYPES
 
-    if not isinstance(step, Mapping):
-        problems.append(f"{where}: a step must be an object with 'type' and 'parameters'")
-        return
-    stype = step.get("type")
-    if not isinstance(stype, str):
-        problems.append(f"{where}: missing step 'type'")
+    stype = _type_of(where, step, problems, "a step must be an object with 'type' and 'parameters'",
+                     "missing step 'type'")
+    if stype is None:
         return
     if stype not in OSWORLD_STEP_TYPES:
         problems.append(f"{where}: unknown step type {stype!r} (OSWorld's are: "
@@ -290,12 +299,9 @@ def _check_step(where: str, step: Any, problems: list[str], drums: bool) -> None
 def _check_getter(where: str, cfg: Any, problems: list[str], drums: bool) -> None:
     from drums_osworld.evaluation.getters import GETTERS
 
-    if not isinstance(cfg, Mapping):
-        problems.append(f"{where}: a getter config must be an object with a 'type'")
-        return
-    gtype = cfg.get("type")
-    if not isinstance(gtype, str):
-        problems.append(f"{where}: missing getter 'type'")
+    gtype = _type_of(where, cfg, problems, "a getter config must be an object with a 'type'",
+                     "missing getter 'type'")
+    if gtype is None:
         return
     if gtype not in OSWORLD_GETTERS:
         problems.append(f"{where}: unknown getter type {gtype!r} (no get_{gtype} in OSWorld 1.0.2)")
