@@ -577,7 +577,11 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         return obs, info
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """Run one action (pyautogui code, ``WAIT``, ``DONE`` or ``FAIL``) as ``DesktopEnv.step`` does."""
+        """Run one action (pyautogui code, ``WAIT``, ``DONE`` or ``FAIL``) as ``DesktopEnv.step`` does.
+
+        An action OSWorld would not run raises :class:`~drums_osworld.actions.InvalidAction` (a
+        ``ValueError``) and changes nothing.
+        """
         self._check_open()
         if self._desktop is None:
             raise ResetNeeded("call reset() before step()")
