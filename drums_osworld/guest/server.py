@@ -152,6 +152,14 @@ def _timeout(data: dict, default: float) -> float:
     return t
 
 
+def _json_text(data: dict, name: str, missing: str) -> str:
+    """The non-empty string field ``name`` of a JSON body; ApiError 400 with ``missing`` otherwise."""
+    value = data.get(name)
+    if not value or not isinstance(value, str):
+        raise ApiError(400, missing)
+    return value
+
+
 def _error_reply(error: str, status: int, message: str | None = None) -> tuple[Response, int]:
     """OSWorld's error reply: ``{"status": "error", "error", "message"}`` (``message`` defaults to ``error``)."""
     return jsonify({"status": "error", "error": error, "message": error if message is None else message}), status
@@ -592,9 +600,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/close_window", methods=["POST"])
     def window_action():
         data = _json_body()
-        name = data.get("window_name")
-        if not name or not isinstance(name, str):
-            raise ApiError(400, "window_name required")
+        name = _json_text(data, "window_name", "window_name required")
         strict, by_class = _flag(data, "strict"), _flag(data, "by_class")
         closing = request.path.endswith("close_window")
         if not windows.wmctrl_by_name(g.xc, "c" if closing else "a", name, strict, by_class):
@@ -604,9 +610,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/open_file", methods=["POST"])
     def open_file():
         data = _json_body()
-        raw = data.get("path")
-        if not raw or not isinstance(raw, str):
-            raise ApiError(400, "Path not supplied!")
+        raw = _json_text(data, "path", "Path not supplied!")
         timeout = _timeout(data, cfg.open_timeout)
         path = g.path_from(raw)
         env_path = g.runner.env.get("PATH")
@@ -655,9 +659,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/change_wallpaper", methods=["POST"])
     def change_wallpaper():
         data = _json_body()
-        raw = data.get("path")
-        if not raw or not isinstance(raw, str):
-            raise ApiError(400, "Path not supplied!")
+        raw = _json_text(data, "path", "Path not supplied!")
         path = g.path_from(raw)
         if not os.path.exists(path):
             raise ApiError(404, f"File not found: {path}")
