@@ -33,6 +33,71 @@ def _decode(value):
     return value
 
 
+def _answers(instance: Instance) -> bool:
+    try:
+        Client(instance, autostart=False, timeout=10).ping()
+    except (DrumsError, OSError):
+        return False
+    return True
+
+
+def start_daemon(instance: Instance, env: dict | None = None, *, wait: float = 60.0, detach: bool = False) -> None:
+    """Start ``drumsd`` for ``instance`` unless one answers, and wait until it answers a ping.
+
+    Racing starters (clients, Ray node agents, the demo) start one daemon: they take
+    ``instance.start_lock`` in turn and the later ones find it answering. The daemon runs with
+    Drums' own venv (it needs pycriu and pyroute2, whatever interpreter the caller runs in), this
+    checkout first on its ``PYTHONPATH``, ``env`` over this process's environment, in a session of
+    its own, with its stdout and stderr appended to ``instance.stderr_file`` (its log is
+    ``instance.log_file``). ``detach=True`` double-forks it (``setsid --fork``) so that it is not
+    this process's child: a Ray worker kills its children when it exits, and the daemon is the
+    host's. A detached daemon that exits early is seen only as no answer within ``wait``.
+    :class:`Unavailable` (``DAEMON_START_FAILED``) with the tail of its stderr when it does not answer.
+    """
+    root = instance.state_root
+    root.mkdir(parents=True, exist_ok=True)
+    lock = os.open(instance.start_lock, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _answers(instance):
+            return
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        paths = [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p and p != pkg_parent]
+        full_env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *paths])
+        python = str(VENV / "bin/python") if (VENV / "bin/python").exists() else sys.executable
+        argv = [python, "-m", "drums_core.daemon", "--instance", instance.name,
+                "--slot-base", str(instance.slot_base), "--slot-count", str(instance.slot_count)]
+        if detach:
+            argv = ["setsid", "--fork", *argv]
+        with open(instance.stderr_file, "ab") as errlog:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=full_env,
+                                    start_new_session=True, cwd="/")
+        if detach and proc.wait(timeout=30) != 0:
+            raise Unavailable(f"could not start drumsd for {instance.name}: setsid exited {proc.returncode}",
+                              reason="DAEMON_START_FAILED")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if _answers(instance):
+                return
+            if not detach and proc.poll() is not None:
+                raise Unavailable(f"drumsd exited with {proc.returncode}: {_stderr_tail(instance)}",
+                                  reason="DAEMON_START_FAILED")
+            time.sleep(0.05)
+        raise Unavailable(f"drumsd ({instance.name}) did not answer within {wait}s; stderr: {_stderr_tail(instance)}",
+                          reason="DAEMON_START_FAILED")
+    finally:
+        os.close(lock)
+
+
+def _stderr_tail(instance: Instance) -> str:
+    try:
+        return instance.stderr_file.read_text(errors="replace")[-2000:]
+    except OSError:
+        return ""
+
+
 class Client:
     def __init__(self, instance: Instance | None = None, autostart: bool = True, timeout: float = 900.0,
                  daemon_env: dict | None = None) -> None:
@@ -86,43 +151,7 @@ class Client:
 
     def start_daemon(self, wait: float = 60.0) -> None:
         """Start drumsd for this instance (once, even with racing clients) and wait for its socket."""
-        root = self.instance.state_root
-        root.mkdir(parents=True, exist_ok=True)
-        lock = os.open(root / f"{self.instance.name}.start.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                self._connect().close()
-                return
-            except OSError:
-                pass
-            env = dict(os.environ)
-            env.update(self.daemon_env)
-            pkg_parent = str(Path(__file__).resolve().parent.parent)
-            env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            # the daemon needs pycriu and pyroute2: run it with Drums' own venv, whatever this client runs in
-            python = str(VENV / "bin/python") if (VENV / "bin/python").exists() else sys.executable
-            argv = [python, "-m", "drums_core.daemon", "--instance", self.instance.name,
-                    "--slot-base", str(self.instance.slot_base), "--slot-count", str(self.instance.slot_count)]
-            errlog = open(root / f"{self.instance.name}.stderr", "ab")
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
-                                    start_new_session=True, cwd="/")
-            errlog.close()
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    self._connect().close()
-                    return
-                except OSError:
-                    if proc.poll() is not None:
-                        tail = (root / f"{self.instance.name}.stderr").read_text()[-2000:]
-                        raise Unavailable(f"drumsd exited with {proc.returncode}: {tail}",
-                                          reason="DAEMON_START_FAILED") from None
-                    time.sleep(0.05)
-            raise Unavailable(f"drumsd did not open {self.instance.socket} within {wait}s",
-                              reason="DAEMON_START_FAILED")
-        finally:
-            os.close(lock)
+        start_daemon(self.instance, self.daemon_env, wait=wait)
 
     def daemon_pid(self) -> int | None:
         try:

@@ -77,9 +77,32 @@ class Instance:
     def images_dir(self) -> Path:
         return self.state_dir / "images"
 
+    # Beside the state directory, not in it: the state directory is a tmpfs of its own that a
+    # shutdown unmounts, and these outlive it (the log is read after the daemon is gone).
     @property
     def log_file(self) -> Path:
-        return self.state_dir / "drumsd.log"
+        """The daemon's log."""
+        return self.state_root / f"{self.name}.log"
+
+    @property
+    def stderr_file(self) -> Path:
+        """The daemon's stdout and stderr (a start-up failure shows here, before its log exists)."""
+        return self.state_root / f"{self.name}.stderr"
+
+    @property
+    def start_lock(self) -> Path:
+        """Held by whoever is starting the daemon (so racing starters start one)."""
+        return self.state_root / f"{self.name}.start.lock"
+
+    @property
+    def run_lock(self) -> Path:
+        """Held by the running daemon for its lifetime (so one runs per instance)."""
+        return self.state_root / f"{self.name}.lock"
+
+    @property
+    def daemon_files(self) -> tuple[Path, ...]:
+        """The files a stopped daemon leaves beside its state directory, its log apart."""
+        return (self.run_lock, self.start_lock, self.stderr_file)
 
 
 def instance_from_env() -> Instance:

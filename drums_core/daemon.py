@@ -238,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                         slot_count=args.slot_count)
     instance.state_root.mkdir(parents=True, exist_ok=True)
     os.chmod(instance.state_root, 0o700)
-    lock_fd = os.open(instance.state_root / f"{instance.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    lock_fd = os.open(instance.run_lock, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         print(f"drumsd for instance {instance.name} is already running", file=sys.stderr)
         return 3
     instance.state_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, filename=str(instance.state_root / f"{instance.name}.log"),
+    logging.basicConfig(level=logging.INFO, filename=str(instance.log_file),
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     if os.environ.get("DRUMS_KSM") == "1":

@@ -168,11 +168,16 @@ def find_mapped(d: xdisplay.Display, expect_title: str | None) -> str | None:
     return None
 
 
+def _strip(screen, y: int, rows: int) -> np.ndarray:
+    """The root window's pixels in rows ``y..y+rows`` (full width), as raw 24-bit values (no RGB copy)."""
+    raw = screen.root.get_image(0, y, screen.width_in_pixels, rows, X.ZPixmap, 0xFFFFFFFF).data
+    return np.frombuffer(raw, dtype=np.uint32) & 0x00FFFFFF
+
+
 def nonblank_fraction_raw(d: xdisplay.Display) -> float:
     """:func:`nonblank_fraction` of the root window, on the raw 32-bit pixels (no RGB copy)."""
     screen = d.screen()
-    raw = screen.root.get_image(0, 0, screen.width_in_pixels, screen.height_in_pixels, X.ZPixmap, 0xFFFFFFFF).data
-    px = np.frombuffer(raw, dtype=np.uint32) & 0x00FFFFFF
+    px = _strip(screen, 0, screen.height_in_pixels)
     return float(np.count_nonzero(px != px[0])) / px.size
 
 
@@ -188,9 +193,7 @@ def nonblank_exceeds(d: xdisplay.Display, fraction: float, rows: int = 64) -> tu
     ref = None
     differ = seen = 0
     for y in range(0, h, rows):
-        n = min(rows, h - y)
-        raw = screen.root.get_image(0, y, w, n, X.ZPixmap, 0xFFFFFFFF).data
-        px = np.frombuffer(raw, dtype=np.uint32) & 0x00FFFFFF
+        px = _strip(screen, y, min(rows, h - y))
         if ref is None:
             ref = px[0]
         differ += int(np.count_nonzero(px != ref))
@@ -208,13 +211,12 @@ def nonblank_sampled(d: xdisplay.Display, bands: int = 8, height: int = 4) -> fl
     A blank screen is uniform, so one differing pixel in the sample proves it is not blank; only
     an all-uniform sample falls back to the full grab."""
     screen = d.screen()
-    w, h = screen.width_in_pixels, screen.height_in_pixels
+    h = screen.height_in_pixels
     ref = None
     differ = total = 0
     for i in range(bands):
         y = min(h - height, (h * (2 * i + 1)) // (2 * bands))
-        raw = screen.root.get_image(0, y, w, height, X.ZPixmap, 0xFFFFFFFF).data
-        px = np.frombuffer(raw, dtype=np.uint32) & 0x00FFFFFF
+        px = _strip(screen, y, height)
         if ref is None:
             ref = px[0]
         differ += int(np.count_nonzero(px != ref))

@@ -14,10 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from . import cgroups, procs
-from .config import Instance, display_number, host_ifname, nft_table_name
+from .config import X11_DIR, Instance, display_number, host_ifname, nft_table_name
 from .hostnet import held_records
 
-X11_DIR = "/tmp/.X11-unix"
 CRIU_TMP_PREFIX = "/tmp/.criu."
 
 
@@ -52,7 +51,7 @@ def _nft_drums_tables(errors: list[str]) -> list[dict]:
 
 
 def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | None = None, *,
-                        x11_dir: str = X11_DIR) -> dict:
+                        x11_dir: str | os.PathLike = X11_DIR) -> dict:
     """What the host holds that a Drums run could have left behind.
 
     ``run_dirs`` maps run ids to their directories (state dir of the run, session dirs...).

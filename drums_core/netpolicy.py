@@ -107,13 +107,18 @@ def check_ifname(name: object) -> str:
     return name
 
 
-def _check_dns(values: object) -> tuple[str, ...]:
+def _listed(values: object, what: str, most: int, of: str) -> list | tuple:
+    """``values`` as a list (one string is a list of one); InvalidArgument beyond ``most`` or not a list."""
     if isinstance(values, str):
         values = [values]
-    if not isinstance(values, (list, tuple)) or len(values) > MAX_DNS:
-        raise _bad(f"dns must be a list of at most {MAX_DNS} IPv4 addresses, not {values!r}")
+    if not isinstance(values, (list, tuple)) or len(values) > most:
+        raise _bad(f"{what} must be a list of at most {most} {of}, not {values!r}")
+    return values
+
+
+def _check_dns(values: object) -> tuple[str, ...]:
     out = []
-    for v in values:
+    for v in _listed(values, "dns", MAX_DNS, "IPv4 addresses"):
         try:
             addr = ipaddress.IPv4Address(v)
         except (ipaddress.AddressValueError, ValueError, TypeError):
@@ -126,12 +131,8 @@ def _check_dns(values: object) -> tuple[str, ...]:
 
 
 def _check_allow(values: object) -> tuple[str, ...]:
-    if isinstance(values, str):
-        values = [values]
-    if not isinstance(values, (list, tuple)) or len(values) > MAX_ALLOW:
-        raise _bad(f"allow must be a list of at most {MAX_ALLOW} IPv4 networks, not {values!r}")
     out = []
-    for v in values:
+    for v in _listed(values, "allow", MAX_ALLOW, "IPv4 networks"):
         try:
             net = ipaddress.IPv4Network(v, strict=True)
         except (ipaddress.AddressValueError, ipaddress.NetmaskValueError, ValueError, TypeError):

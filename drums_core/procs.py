@@ -111,10 +111,15 @@ def clean_link_target(target: str | None) -> str | None:
 
 def arg_paths(arg: str) -> list[str]:
     """Absolute paths named by one command-line element (``/a``, ``--root=/a``, ``lowerdir=/a:/b``)."""
-    out: list[str] = []
     pieces = [arg]
     for sep in ("=", ",", ":"):
         pieces = [q for p in pieces for q in p.split(sep)]
+    return _abs_paths(pieces)
+
+
+def _abs_paths(pieces: Iterable[str]) -> list[str]:
+    """The absolute paths among ``pieces``, normalised (those :func:`norm_path` refuses are left out)."""
+    out: list[str] = []
     for piece in pieces:
         if piece.startswith("/"):
             try:
@@ -213,12 +218,11 @@ def readlink(path: str) -> str | None:
         return None
 
 
-def boot_id() -> str | None:
-    try:
-        with open(f"{PROC}/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+def boot_id() -> str:
+    """This boot's id. OSError when it cannot be read: callers fail closed (a wrong or missing id
+    would make a live ledger owner look dead, or a snapshot of another boot look restorable)."""
+    with open(f"{PROC}/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
 
 
 def is_alive(pid: int, start: int | None = None) -> bool:
@@ -454,13 +458,7 @@ class MountInfo:
             for opt in split_superopts(self.superopts):
                 name, _, value = opt.partition("=")
                 if name in ("lowerdir", "upperdir", "workdir", "datadir", "lowerdir+", "datadir+"):
-                    for piece in value.split(":"):
-                        piece = piece.replace("\\:", ":")
-                        if piece.startswith("/"):
-                            try:
-                                out.append(norm_path(piece))
-                            except ValueError:
-                                continue
+                    out.extend(_abs_paths(piece.replace("\\:", ":") for piece in value.split(":")))
         return out
 
     @property

@@ -30,7 +30,11 @@ from . import linux
 from .config import Instance
 from .errors import DrumsError, FailedPrecondition
 
-_STATE_FILES = (".lock", ".start.lock", ".stderr", ".log")
+
+
+def _state_files(instance: Instance) -> tuple[Path, ...]:
+    """The instance's files beside its state directory: the daemon's locks and output, and its log."""
+    return (*instance.daemon_files, instance.log_file)
 
 
 @dataclass
@@ -136,8 +140,8 @@ def plan_purge(instance: Instance, spill_dir: Path | None = None) -> PurgePlan:
         plan.state_dir = str(instance.state_dir)
         plan.mounts = _mounts_under(instance.state_dir)
         plan.state_mounted = os.path.realpath(instance.state_dir) in plan.mounts
-    plan.files = [str(instance.state_root / f"{instance.name}{s}") for s in _STATE_FILES
-                  if os.path.lexists(instance.state_root / f"{instance.name}{s}")]
+    plan.files = [str(p) for p in _state_files(instance)
+                  if os.path.lexists(p)]
     if spill_dir is not None and os.path.lexists(spill_dir):
         plan.spill_dir = str(spill_dir)
     return plan
@@ -175,7 +179,7 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
     report.daemon_stopped = bool(plan.daemon_pid)
     if not instance.state_root.is_dir() or not (os.path.lexists(instance.state_dir) or plan.files or plan.spill_dir):
         return report  # nothing of the instance here (and no lock file made just to take it)
-    lock_path = instance.state_root / f"{instance.name}.lock"
+    lock_path = instance.run_lock
     lock = os.open(lock_path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -211,8 +215,7 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
         if _real_dir(instance.state_dir):
             shutil.rmtree(instance.state_dir)  # empty once unmounted; rmtree never follows a link in it
             report.removed.append(str(instance.state_dir))
-        for suffix in _STATE_FILES:
-            p = instance.state_root / f"{instance.name}{suffix}"
+        for p in _state_files(instance):
             if os.path.lexists(p) and not _real_dir(p):
                 os.unlink(p)
                 report.removed.append(str(p))

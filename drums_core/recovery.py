@@ -18,7 +18,7 @@ from . import netns, rootfs
 from .config import X11_DIR
 from .errors import DrumsError
 from .ledger import Ledger
-from .sessionprocs import is_alive
+from .procs import is_alive
 from .supervisor import Liveness, Session, SessionSpec, State, Supervisor
 from .sweep import sweep
 

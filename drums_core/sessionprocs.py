@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from dataclasses import dataclass
 
-from .procs import is_alive, read_stat
+from .procs import is_alive, open_handle, read_stat, send_signal, starttime, wait_dead
 
 
 @dataclass(frozen=True)
@@ -15,22 +14,6 @@ class ProcessInfo:
     nspid: int
     comm: str
     ppid: int
-
-
-def starttime(pid: int) -> int:
-    st = read_stat(pid)
-    if st is None:
-        raise ProcessLookupError(pid)
-    return st.starttime
-
-
-def wait_dead(pid: int, start: int | None, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while is_alive(pid, start):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def _pidns(pid: int) -> str | None:
@@ -130,17 +113,17 @@ def kill_tree_under(top: str) -> int:
             continue
         pid = int(name)
         if (_refs_under(pid, top) or (devs and _root_dev(pid) in devs)) and is_alive(pid):
-            try:
-                victims.append((pid, starttime(pid)))
-            except ProcessLookupError:
-                continue
-    for pid, _start in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid, start in victims:
-        wait_dead(pid, start, 5)
+            start = starttime(pid)
+            handle = open_handle(pid, start) if start is not None else None
+            if handle is not None:
+                victims.append(handle)
+    try:
+        for handle in victims:
+            send_signal(handle, signal.SIGKILL)
+        wait_dead(victims, 5)
+    finally:
+        for handle in victims:
+            handle.close()
     return len(victims)
 
 

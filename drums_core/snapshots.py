@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from .procs import boot_id
 
 COMMITTED = "COMMITTED"
 DUMPED = "DUMPED"
@@ -34,10 +35,6 @@ BROKEN = "BROKEN"
 MANIFEST = "manifest.json"
 LAST_USED = "LAST_USED"
 RETENTIONS = ("pinned", "cache")
-
-
-def boot_id() -> str:
-    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def write_atomic(path: Path, text: str) -> None:

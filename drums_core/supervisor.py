@@ -32,9 +32,10 @@ from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgum
 from .restore_steps import RestoreStep, StepTrace, rolled_back
 from .ledger import Ledger
 from .nat import NatManager
-from .procs import mount_key
-from .sessionprocs import ProcessInfo, is_alive, kill_tree_under, session_processes, starttime, wait_dead
-from .snapshots import Snapshot, SnapshotStore, boot_id
+from . import procs
+from .procs import boot_id, is_alive, mount_key
+from .sessionprocs import ProcessInfo, kill_tree_under, session_processes
+from .snapshots import Snapshot, SnapshotStore
 from .storebudget import BudgetConfig, StoreKeeper
 
 log = logging.getLogger("drums.supervisor")
@@ -247,6 +248,24 @@ class _Marks:
 
 def _hex_id() -> str:
     return uuid.uuid4().hex[:12]
+
+
+def _started(init_pid: int) -> int:
+    """The start time of an init just launched or restored; ProcessLookupError when it is gone already."""
+    start = procs.starttime(init_pid)
+    if start is None:
+        raise ProcessLookupError(init_pid)
+    return start
+
+
+def _wait_init_dead(s: Session, timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until the session's init, pinned by its start time, is gone."""
+    handle = procs.open_handle(s.init_pid, s.init_start)
+    if handle is not None:
+        try:
+            procs.wait_dead([handle], timeout)
+        finally:
+            handle.close()
 
 
 class Supervisor:
@@ -508,7 +527,7 @@ class Supervisor:
             mark("slot_free")
             s.init_pid = self._launch(s)
             self.init_pids_seen.add(s.init_pid)
-            s.init_start = starttime(s.init_pid)
+            s.init_start = _started(s.init_pid)
             self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
             mark("launch")
             self._wire_network(s, create=True)
@@ -563,7 +582,7 @@ class Supervisor:
             if from_destroy:
                 faults.hit("destroy-after-kill")
         if s.init_pid:
-            wait_dead(s.init_pid, s.init_start, timeout=10)
+            _wait_init_dead(s, timeout=10)
         counts["processes"] += kill_tree_under(s.dir)
         if from_destroy:
             faults.hit("destroy-before-cgroup-remove")
@@ -770,7 +789,7 @@ class Supervisor:
                         retention=params.get("retention", "pinned"))
         self.store.mark_dumped(snap, upper=str(Path(s.dir) / "rw/upper"), root=s.root)
         faults.hit("checkpoint-after-dump")
-        wait_dead(s.init_pid, s.init_start, timeout=10)
+        _wait_init_dead(s, timeout=10)
         snap = self.store.finish(snap_id)
         self.ledger.forget("snapshot", snap_id)
         self.ledger.forget("mount", s.root)
@@ -923,7 +942,7 @@ class Supervisor:
                 s.timings["criu"] = res.seconds
                 s.init_pid = res.pid
                 self.init_pids_seen.add(s.init_pid)
-                s.init_start = starttime(s.init_pid)
+                s.init_start = _started(s.init_pid)
                 self.ledger.record("process", s.id, pid=s.init_pid, starttime=s.init_start, tag=self.tag)
                 faults.hit("restore-after-criu")
                 faults.fail("restore-resume")
@@ -1043,10 +1062,10 @@ class Supervisor:
         tck = os.sysconf("SC_CLK_TCK")
         out = []
         for p in session_processes(s.init_pid):
-            try:
-                age = max(0.0, uptime - starttime(p.pid) / tck)
-            except ProcessLookupError:
+            start = procs.starttime(p.pid)
+            if start is None:
                 continue
+            age = max(0.0, uptime - start / tck)
             out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3),
                         _started_by_dbus(p.pid)])
         return out

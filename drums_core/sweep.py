@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cgroups, procs
+from .config import Instance
 from .errors import Busy, DrumsError, InvalidArgument
 from .ledger import Entry, Ledger, LedgerCorrupt, check_run
 
@@ -1289,6 +1290,26 @@ def sweep(ledger_root: Path | str, run: str | None = None, dry_run: bool = False
         else:
             log.info(rr.summary())
     return report
+
+
+def sweep_instance(instance: Instance) -> dict:
+    """What a stopped instance left on the host, gone: its dead runs swept (:func:`sweep`), its state
+    tmpfs unmounted, its daemon files (``instance.daemon_files``) and its emptied state directory
+    removed. Its log stays, to be read. Only once its daemon has stopped: under a live daemon this
+    would unmount the state it works in. Returns ``{"sweep": <report, {} without ledgers>, "unmounted": n}``.
+    """
+    from .rootfs import is_mountpoint, unmount_tree
+
+    report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
+    state = instance.state_dir
+    unmounted = unmount_tree(state) if state.exists() and is_mountpoint(state) else 0
+    for path in instance.daemon_files:
+        path.unlink(missing_ok=True)
+    try:
+        state.rmdir()
+    except OSError:
+        pass
+    return {"sweep": report.to_dict() if report is not None else {}, "unmounted": unmounted}
 
 
 def session_selector(sid: str) -> Callable[[Entry], bool]:

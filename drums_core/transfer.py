@@ -47,7 +47,8 @@ from pathlib import Path
 
 from .config import check_name
 from .errors import DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
-from .snapshots import BROKEN, COMMITTED, DUMPED, LAST_USED, MANIFEST, Snapshot, SnapshotStore, boot_id, write_atomic
+from .procs import boot_id
+from .snapshots import BROKEN, COMMITTED, DUMPED, LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 
 log = logging.getLogger("drums.transfer")
 

@@ -235,21 +235,11 @@ class _Daemon:
     def stop(self) -> dict[str, Any]:
         if not self.started:
             return {"stopped": False}
-        from drums_core.rootfs import is_mountpoint, unmount_tree
-        from drums_core.sweep import sweep
+        from drums_core.sweep import sweep_instance
 
         self.client.shutdown(destroy_sessions=True)
-        inst = self.instance
-        if inst.ledger_root.exists():
-            sweep(inst.ledger_root)
-        unmounted = unmount_tree(inst.state_dir) if inst.state_dir.exists() and is_mountpoint(inst.state_dir) else 0
-        for suffix in (".lock", ".start.lock", ".stderr"):
-            (inst.state_root / f"{inst.name}{suffix}").unlink(missing_ok=True)
-        try:
-            inst.state_dir.rmdir()
-        except OSError:
-            pass
-        return {"stopped": True, "unmounted": unmounted, "log": str(inst.state_root / f"{inst.name}.log")}
+        unmounted = sweep_instance(self.instance)["unmounted"]
+        return {"stopped": True, "unmounted": unmounted, "log": str(self.instance.log_file)}
 
 
 def _leftovers(client: Any, sessions: list[str], state: str | None) -> list[str]:

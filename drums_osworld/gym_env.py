@@ -59,7 +59,6 @@ import io
 import json
 import logging
 import os
-import re
 import shutil
 import string
 import tempfile
@@ -81,6 +80,9 @@ from gymnasium.vector.utils import shared_memory
 
 from drums_core.config import SESSION_PASSWORD, Instance, check_name
 from drums_core.errors import DrumsError, FailedPrecondition, NotFound, Unavailable
+
+from . import actions
+from .actions import fix_pyautogui_less_than
 
 # drums_core.client, drums_osworld.desktop/.evaluation/.tasks and Pillow are imported where they are
 # used: ``import drums_osworld`` imports this module, and so does every guest server's start-up.
@@ -112,7 +114,6 @@ ACTION_MAX = 32_768
 #: (with a logged warning), so it still parses (drums_osworld.a11y_guard).
 A11Y_MAX = 1_000_000
 
-SPECIAL_ACTIONS = ("WAIT", "DONE", "FAIL")
 REUSE_MODES = ("none", "post_setup")
 
 
@@ -242,56 +243,6 @@ def _write_unicode_text(space: UnicodeText, index: int, value: str, memory: Any)
     codes = np.frombuffer(value.encode("utf-32-le", "surrogatepass"), dtype="<u4")[: space.max_length]
     row[: codes.size] = codes
     row[codes.size:] = _PAD
-
-
-# --------------------------------------------------------------------------- actions
-_PRESS_LESS_THAN = re.compile(r'pyautogui\.press\(["\'](?:<|\\u003c)["\']\)')
-_TYPEWRITE = re.compile(r'pyautogui\.typewrite\((["\'])(.*?)\1\)')
-
-
-def fix_pyautogui_less_than(code: str) -> str:
-    """OSWorld's ``_fix_pyautogui_less_than_bug``: type ``<`` as shift+comma (pyautogui types ``>``).
-
-    ``pyautogui.press('<')`` becomes ``pyautogui.hotkey("shift", ",")`` and a
-    ``pyautogui.typewrite('a<b')`` is split around each ``<``, exactly as ``DesktopEnv.step`` does
-    before it runs an action.
-    """
-    code = _PRESS_LESS_THAN.sub('pyautogui.hotkey("shift", ",")', code)
-
-    def typewrite(match: re.Match[str]) -> str:
-        quote, content = match.group(1), match.group(2)
-        try:
-            content = content.encode("utf-8").decode("unicode_escape")
-        except UnicodeDecodeError:
-            pass
-        if "<" not in content:
-            return match.group(0)
-        parts = []
-        for i, part in enumerate(content.split("<")):
-            if i:
-                parts.append('pyautogui.hotkey("shift", ",")')
-            if part:
-                parts.append(f"pyautogui.typewrite({quote}{part}{quote})")
-        return "; ".join(parts)
-
-    return _TYPEWRITE.sub(typewrite, code)
-
-
-def _parse_action(action: Any) -> tuple[str, str | None]:
-    """(kind, code): kind is WAIT/DONE/FAIL or "code"; raises for what OSWorld would not run."""
-    if isinstance(action, str):
-        if action in SPECIAL_ACTIONS:
-            return action, None
-        return "code", action
-    if isinstance(action, Mapping):
-        kind = action.get("action_type")
-        if kind in SPECIAL_ACTIONS:
-            return kind, None
-        command = action.get("command")
-        if isinstance(command, str):
-            return "code", command
-        raise ValueError(f"a dict action needs action_type WAIT/DONE/FAIL or a 'command' string: {action!r:.200}")
-    raise TypeError(f"an action is pyautogui code (str), WAIT, DONE or FAIL, not {type(action).__name__}")
 
 
 # --------------------------------------------------------------------------- states
@@ -626,30 +577,33 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         return obs, info
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """Run one action (pyautogui code, ``WAIT``, ``DONE`` or ``FAIL``) as ``DesktopEnv.step`` does."""
+        """Run one action (pyautogui code, ``WAIT``, ``DONE`` or ``FAIL``) as ``DesktopEnv.step`` does.
+
+        An action OSWorld would not run raises :class:`~drums_osworld.actions.InvalidAction` (a
+        ``ValueError``) and changes nothing.
+        """
         self._check_open()
         if self._desktop is None:
             raise ResetNeeded("call reset() before step()")
         if self._episode_over:
             raise ResetNeeded("the episode has ended (terminated or truncated): call reset()")
-        kind, code = _parse_action(action)
+        parsed = actions.parse(action)
+        kind = parsed.kind
         self._step_no += 1
         self._history.append(copy.deepcopy(action))
         self._dirty = True
         info: dict[str, Any] = {"step": self._step_no, "action_type": kind}
         seconds: dict[str, float] = {}
         t = time.monotonic()
-        if kind == "WAIT":
-            time.sleep(self.pause)
-        elif kind == "DONE":
+        result = actions.run(self._desktop.guest, parsed, self.pause)
+        if kind == "DONE":
             info["done"] = True
         elif kind == "FAIL":
             info["fail"] = True
-        else:
-            info["exec"] = self._run_code(code)
-        time.sleep(self.pause)
+        elif result is not None:
+            info["exec"] = result
         seconds["action"] = time.monotonic() - t
-        terminated = kind in ("DONE", "FAIL")
+        terminated = parsed.terminal
         truncated = not terminated and self.max_steps is not None and self._step_no >= self.max_steps
         t = time.monotonic()
         obs = self.observe()
@@ -955,18 +909,6 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
                 _destroy_quietly(self.client, desktop.id)
             raise
         return envs
-
-    def _run_code(self, code: str) -> dict[str, Any]:
-        from .guest_client import GuestHTTPError, GuestTimeout
-
-        assert self._desktop is not None
-        try:
-            res = self._desktop.guest.run_python(fix_pyautogui_less_than(code))
-        except (GuestHTTPError, GuestTimeout) as exc:
-            # OSWorld's controller logs these and goes on; the agent sees the screen as it is.
-            log.warning("action failed in the guest: %s", exc)
-            return {"returncode": None, "output": "", "error": str(exc)[-4000:]}
-        return {"returncode": res.returncode, "output": res.output[-4000:], "error": res.error[-4000:]}
 
     def _screenshot_array(self, png: bytes) -> np.ndarray:
         from PIL import Image

@@ -12,8 +12,9 @@ Contracts:
   <DrumsError wire form>}``, so the driver rebuilds the same error classes (``Unavailable``,
   ``Internal``...) whatever Ray does with exceptions. Anything that is not a ``DrumsError``
   crosses as ``Internal``.
-* The daemon is started once, *detached* (double fork: a Ray worker kills its own children when it
-  exits, and the daemon is the host's, not the actor's). After that the agent never restarts it
+* The daemon is started once, *detached* (:func:`drums_core.client.start_daemon` with
+  ``detach=True``, a double fork: a Ray worker kills its own children when it exits, and the
+  daemon is the host's, not the actor's). After that the agent never restarts it
   behind the caller's back: a dead daemon fails calls with ``Unavailable`` (``DAEMON_DIED`` for the
   calls in flight, ``DAEMON_DOWN`` after), until :meth:`NodeAgent.restart_daemon`.
 * Transfers: :meth:`export` packs a chain into this agent's spool (``DRUMS_TRANSFER_DIR``, default
@@ -25,30 +26,28 @@ Contracts:
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from drums_core.client import Client
+from drums_core.client import Client, start_daemon
 from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
+
+from .actions import run_script
 
 log = logging.getLogger("drums.osworld.ray_node")
 
 CHUNK_BYTES = 8 << 20
-SPECIAL_ACTIONS = ("WAIT", "DONE", "FAIL")
 
-__all__ = ["CHUNK_BYTES", "NodeAgent", "parse_action", "start_daemon_detached"]
+__all__ = ["CHUNK_BYTES", "NodeAgent"]
 
 
 def _envelope(fn):
@@ -67,66 +66,6 @@ def _envelope(fn):
 
     wrapper.__drums_envelope__ = True
     return wrapper
-
-
-def parse_action(action: Any) -> tuple[str, str | None]:
-    """(kind, code): kind is WAIT/DONE/FAIL or ``code``, as OSWorld's pyautogui action space takes them."""
-    if isinstance(action, str):
-        return (action, None) if action in SPECIAL_ACTIONS else ("code", action)
-    if isinstance(action, dict):
-        kind = action.get("action_type")
-        if kind in SPECIAL_ACTIONS:
-            return kind, None
-        if isinstance(action.get("command"), str):
-            return "code", action["command"]
-    raise InvalidArgument(f"an action is pyautogui code, WAIT, DONE or FAIL, not {action!r:.200}", reason="BAD_ACTION")
-
-
-def start_daemon_detached(instance: Instance, env: dict | None = None, wait: float = 60.0) -> None:
-    """Start ``drumsd`` for ``instance`` unless it answers, detached from this process (double fork).
-
-    Same start lock and stderr file as :meth:`drums_core.client.Client.start_daemon`, so racing
-    starters (clients, other agents) start one daemon.
-    """
-    root = instance.state_root
-    root.mkdir(parents=True, exist_ok=True)
-    probe = Client(instance, autostart=False, timeout=10)
-    lock = os.open(root / f"{instance.name}.start.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            probe.ping()
-            return
-        except DrumsError:
-            pass
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        paths = [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p and p != pkg_parent]
-        full_env["PYTHONPATH"] = os.pathsep.join([pkg_parent, *paths])
-        argv = ["setsid", "--fork", sys.executable, "-m", "drums_core.daemon", "--instance", instance.name,
-                "--slot-base", str(instance.slot_base), "--slot-count", str(instance.slot_count)]
-        errpath = root / f"{instance.name}.stderr"
-        with open(errpath, "ab") as errlog:
-            rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=full_env,
-                                cwd="/", timeout=30).returncode
-        if rc != 0:
-            raise Unavailable(f"could not start drumsd for {instance.name}: setsid exited {rc}",
-                              reason="DAEMON_START_FAILED")
-        deadline = time.monotonic() + wait
-        last: DrumsError | None = None
-        while time.monotonic() < deadline:
-            try:
-                probe.ping()
-                return
-            except DrumsError as exc:
-                last = exc
-                time.sleep(0.05)
-        tail = errpath.read_text(errors="replace")[-2000:] if errpath.exists() else ""
-        raise Unavailable(f"drumsd ({instance.name}) did not answer within {wait}s: {last}; stderr: {tail}",
-                          reason="DAEMON_START_FAILED")
-    finally:
-        os.close(lock)
 
 
 class NodeAgent:
@@ -150,7 +89,7 @@ class NodeAgent:
         self._daemon_has_transfer: bool | None = None
         self._drop_dead_spools()
         self.spool.mkdir(parents=True, mode=0o700, exist_ok=True)
-        start_daemon_detached(self.instance, self.daemon_env)
+        start_daemon(self.instance, self.daemon_env, detach=True)
         self.daemon_pid = self.client.ping()["pid"]
 
     def _drop_dead_spools(self) -> None:
@@ -189,7 +128,7 @@ class NodeAgent:
         """Start a fresh daemon (its recovery adopts live sessions and sweeps the dead run's rest)."""
         if env is not None:
             self.daemon_env = dict(env)
-        start_daemon_detached(self.instance, self.daemon_env)
+        start_daemon(self.instance, self.daemon_env, detach=True)
         self.daemon_pid = self.client.ping()["pid"]
         return {"daemon_pid": self.daemon_pid}
 
@@ -262,7 +201,7 @@ class NodeAgent:
     @_envelope
     def run_actions(self, sid: str, actions: list, pause: float = 0.2) -> dict:
         with self._guest(sid) as guest:
-            return self._run_actions(guest, actions, pause)
+            return run_script(guest, actions, pause)
 
     @_envelope
     def evaluate(self, sid: str, task: dict, last_action: Any = None) -> float:
@@ -287,7 +226,7 @@ class NodeAgent:
         try:
             with self._guest_for(s) as guest:
                 t = time.monotonic()
-                ran = self._run_actions(guest, actions, pause)
+                ran = run_script(guest, actions, pause)
                 out["timings"]["actions"] = time.monotonic() - t
                 out.update(actions_run=ran["actions_run"], last_action=ran["last_action"], errors=ran["errors"])
                 t = time.monotonic()
@@ -315,31 +254,6 @@ class NodeAgent:
         from .guest_client import GuestClient
 
         return GuestClient(session["address"], GUEST_PORT, timeout=180.0)
-
-    @staticmethod
-    def _run_actions(guest, actions: list, pause: float) -> dict:
-        """Each action as ``DesktopEnv.step`` runs it: code through /execute, WAIT sleeps, DONE/FAIL stop."""
-        from .gym_env import fix_pyautogui_less_than
-        from .guest_client import GuestHTTPError, GuestTimeout
-
-        if not isinstance(actions, list):
-            raise InvalidArgument("actions must be a list", reason="BAD_ACTION")
-        parsed = [parse_action(a) for a in actions]  # all checked before any runs
-        ran, last, errors = 0, None, []
-        for (kind, code), action in zip(parsed, actions, strict=True):
-            ran += 1
-            last = action
-            if kind in ("DONE", "FAIL"):
-                break
-            if kind == "code":
-                try:
-                    res = guest.run_python(fix_pyautogui_less_than(code))
-                    if res.returncode not in (0, None):
-                        errors.append({"step": ran, "returncode": res.returncode, "error": res.error[-2000:]})
-                except (GuestHTTPError, GuestTimeout) as exc:  # OSWorld's controller logs these and goes on
-                    errors.append({"step": ran, "error": str(exc)[-2000:]})
-            time.sleep(pause)
-        return {"actions_run": ran, "last_action": last, "errors": errors}
 
     # ------------------------------------------------------------------ snapshots
     @_envelope

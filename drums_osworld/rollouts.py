@@ -37,6 +37,7 @@ from typing import Any
 from drums_core.errors import DrumsError
 
 from .gym_env import DrumsDesktopEnv
+from .progress import progress as progress_bar
 
 log = logging.getLogger("drums.osworld.rollouts")
 
@@ -188,7 +189,7 @@ def run_rollouts(task: Any, state: str, scripts: list[Script] | list[list[Any]] 
     out.mkdir(parents=True, exist_ok=True)
     n = len(scripts)
     total = sum(len(s.actions) for s in scripts) + n
-    bar = _progress_bar(total, f"{n} branches", progress)
+    bar = progress_bar(total, f"{n} branches", quiet=not progress, leave=False)
     bar_lock = threading.Lock()
 
     def tick(k: int = 1) -> None:
@@ -303,25 +304,6 @@ def _resolve_task(task: Any) -> Any:
     if isinstance(task, str) and not Path(task).exists():
         task = find_task(task)
     return load_task(task, require_drums_support=True)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,8 @@ from typing import Any
 
 from drums_core.errors import InvalidArgument
 
+from .actions import SPECIAL_ACTIONS
+
 __all__ = [
     "OSWORLD_GETTERS",
     "OSWORLD_METRICS",
@@ -127,9 +129,6 @@ OSWORLD_STEP_TYPES: dict[str, tuple[frozenset[str] | None, frozenset[str]]] = {
     "update_browse_history": (_ANY, frozenset()),
 }
 
-#: The actions that ``DesktopEnv.step`` treats specially rather than running as code.
-SPECIAL_ACTIONS = frozenset({"WAIT", "DONE", "FAIL"})
-
 _PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 _SOLUTION_FIELDS = ("drums_solution", "drums_wrong_solution")
 
@@ -221,23 +220,48 @@ def _check_command(where: str, params: Mapping[str, Any], problems: list[str]) -
         problems.append(f"{where}: 'shell' must be true or false")
 
 
+@dataclass(frozen=True)
+class _Kinds:
+    """How to check the ``type`` of one kind of task object (a setup step, a getter config)."""
+
+    not_object: str                  # the problem when it is no object
+    no_type: str                     # ... when it has no string type
+    osworld: Any                     # the types OSWorld 1.0.2 has
+    unknown: Any                     # type -> the problem when OSWorld does not have it
+    drums: Any                       # the types Drums implements
+    unsupported: Any                 # type -> the problem when Drums does not implement it
+
+
+def _known_type(where: str, obj: Any, problems: list[str], drums: bool, kinds: _Kinds) -> str | None:
+    """The ``type`` of ``obj`` when OSWorld has it, else None (the problem noted). With ``drums``, a
+    type Drums does not implement is a problem too, but is returned: its parameters are still checked."""
+    if not isinstance(obj, Mapping):
+        problems.append(f"{where}: {kinds.not_object}")
+        return None
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        problems.append(f"{where}: {kinds.no_type}")
+        return None
+    if kind not in kinds.osworld:
+        problems.append(f"{where}: {kinds.unknown(kind)}")
+        return None
+    if drums and kind not in kinds.drums:
+        problems.append(f"{where}: {kinds.unsupported(kind)}")
+    return kind
+
+
 def _check_step(where: str, step: Any, problems: list[str], drums: bool) -> None:
     from drums_osworld.evaluation.setup import SUPPORTED_STEP_TYPES
 
-    if not isinstance(step, Mapping):
-        problems.append(f"{where}: a step must be an object with 'type' and 'parameters'")
+    stype = _known_type(where, step, problems, drums, _Kinds(
+        not_object="a step must be an object with 'type' and 'parameters'", no_type="missing step 'type'",
+        osworld=OSWORLD_STEP_TYPES,
+        unknown=lambda t: f"unknown step type {t!r} (OSWorld's are: {', '.join(sorted(OSWORLD_STEP_TYPES))})",
+        drums=SUPPORTED_STEP_TYPES,
+        unsupported=lambda t: (f"step type {t!r} is OSWorld's but Drums' offline setup does not implement it "
+                               f"(supported: {', '.join(sorted(SUPPORTED_STEP_TYPES))})")))
+    if stype is None:
         return
-    stype = step.get("type")
-    if not isinstance(stype, str):
-        problems.append(f"{where}: missing step 'type'")
-        return
-    if stype not in OSWORLD_STEP_TYPES:
-        problems.append(f"{where}: unknown step type {stype!r} (OSWorld's are: "
-                        f"{', '.join(sorted(OSWORLD_STEP_TYPES))})")
-        return
-    if drums and stype not in SUPPORTED_STEP_TYPES:
-        problems.append(f"{where}: step type {stype!r} is OSWorld's but Drums' offline setup does not "
-                        f"implement it (supported: {', '.join(sorted(SUPPORTED_STEP_TYPES))})")
     if "parameters" not in step:
         problems.append(f"{where}: missing 'parameters' (OSWorld requires it, even if empty)")
         return
@@ -288,22 +312,25 @@ def _check_step(where: str, step: Any, problems: list[str], drums: bool) -> None
                                 f"{' and '.join(repr(k) for k in keys)}")
 
 
+def _check_steps(where: str, label: str, steps: Any, problems: list[str], drums: bool) -> None:
+    if not isinstance(steps, list):
+        problems.append(f"{label} must be a list of setup steps")
+        return
+    for i, step in enumerate(steps):
+        _check_step(f"{where}[{i}]", step, problems, drums)
+
+
 def _check_getter(where: str, cfg: Any, problems: list[str], drums: bool) -> None:
     from drums_osworld.evaluation.getters import GETTERS
 
-    if not isinstance(cfg, Mapping):
-        problems.append(f"{where}: a getter config must be an object with a 'type'")
+    gtype = _known_type(where, cfg, problems, drums, _Kinds(
+        not_object="a getter config must be an object with a 'type'", no_type="missing getter 'type'",
+        osworld=OSWORLD_GETTERS, unknown=lambda t: f"unknown getter type {t!r} (no get_{t} in OSWorld 1.0.2)",
+        drums=GETTERS,
+        unsupported=lambda t: f"getter {t!r} is OSWorld's but Drums does not implement it "
+                              f"(supported: {', '.join(sorted(GETTERS))})"))
+    if gtype is None:
         return
-    gtype = cfg.get("type")
-    if not isinstance(gtype, str):
-        problems.append(f"{where}: missing getter 'type'")
-        return
-    if gtype not in OSWORLD_GETTERS:
-        problems.append(f"{where}: unknown getter type {gtype!r} (no get_{gtype} in OSWorld 1.0.2)")
-        return
-    if drums and gtype not in GETTERS:
-        problems.append(f"{where}: getter {gtype!r} is OSWorld's but Drums does not implement it "
-                        f"(supported: {', '.join(sorted(GETTERS))})")
     if gtype in ("vm_command_line", "vm_command_error"):
         if "command" not in cfg:
             problems.append(f"{where}: {gtype} needs 'command'")
@@ -372,12 +399,7 @@ def validate_task(raw: Any, *, require_drums_support: bool = False) -> list[str]
     if "instruction" in raw and (not isinstance(raw["instruction"], str) or not raw["instruction"].strip()):
         problems.append("'instruction' must be a non-empty string")
 
-    config = raw.get("config", [])
-    if not isinstance(config, list):
-        problems.append("'config' must be a list of setup steps")
-    else:
-        for i, step in enumerate(config):
-            _check_step(f"config[{i}]", step, problems, require_drums_support)
+    _check_steps("config", "'config'", raw.get("config", []), problems, require_drums_support)
 
     ev = raw.get("evaluator")
     if "evaluator" in raw and not isinstance(ev, Mapping):
@@ -394,12 +416,7 @@ def validate_task(raw: Any, *, require_drums_support: bool = False) -> list[str]
 
 def _validate_evaluator(ev: Mapping[str, Any], problems: list[str], drums: bool,
                         drums_metrics: Mapping[str, Any]) -> None:
-    postconfig = ev.get("postconfig", [])
-    if not isinstance(postconfig, list):
-        problems.append("evaluator.postconfig must be a list of setup steps")
-    else:
-        for i, step in enumerate(postconfig):
-            _check_step(f"evaluator.postconfig[{i}]", step, problems, drums)
+    _check_steps("evaluator.postconfig", "evaluator.postconfig", ev.get("postconfig", []), problems, drums)
 
     if "func" not in ev:
         problems.append("evaluator: missing 'func' (a metric name or a list of names)")

@@ -21,7 +21,7 @@ for p in (str(REPO), str(REPO / "tests")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from drums_core.config import STATE_ROOT, Instance  # noqa: E402
+from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
 from drums_core.hoststate import instance_leaks  # noqa: E402 - the suite's own leak check below
 
 # Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
@@ -59,8 +59,7 @@ def host_leaks(state_dir: Path | None = None) -> dict:
              if ln.split(":")[1].strip().startswith("dvh") and not ln.split(":")[1].strip().startswith("dvhdoc")]
     tables = [ln for ln in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout.splitlines()
               if " drums" in ln]
-    xdir = Path("/tmp/.X11-unix")
-    xlinks = [p.name for p in xdir.glob("X*") if p.is_symlink()] if xdir.exists() else []
+    xlinks = [p.name for p in X11_DIR.glob("X*") if p.is_symlink()] if X11_DIR.exists() else []
     return {"processes": procs, "mounts": mounts, "links": links, "nft": tables, "x11links": xlinks}
 
 
@@ -84,24 +83,15 @@ def drums_instance():
 def stop_instance(instance: Instance) -> dict:
     """Stop the instance's daemon (destroying its sessions), sweep dead ledgers, unmount its state."""
     from drums_core.client import Client
-    from drums_core.rootfs import is_mountpoint, unmount_tree
-    from drums_core.sweep import sweep
+    from drums_core.storebudget import DEFAULT_SPILL_ROOT
+    from drums_core.sweep import sweep_instance
 
     Client(instance, autostart=False).shutdown(destroy_sessions=True)
-    report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
-    if instance.state_dir.exists() and is_mountpoint(instance.state_dir):
-        unmount_tree(instance.state_dir)
+    report = sweep_instance(instance)["sweep"]
     # snapshots the store spilled to disk belonged to the tmpfs just unmounted (drums_core.storebudget)
-    from drums_core.storebudget import DEFAULT_SPILL_ROOT
-
     shutil.rmtree(DEFAULT_SPILL_ROOT / instance.name, ignore_errors=True)
-    for suffix in (".lock", ".start.lock", ".stderr", ".log"):
-        (instance.state_root / f"{instance.name}{suffix}").unlink(missing_ok=True)
-    try:
-        instance.state_dir.rmdir()
-    except OSError:
-        pass
-    return report.to_dict() if report is not None else {}
+    instance.log_file.unlink(missing_ok=True)
+    return report
 
 
 @pytest.fixture

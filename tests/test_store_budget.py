@@ -25,7 +25,8 @@ import pytest
 
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, NotFound, Unavailable
-from drums_core.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, boot_id, write_atomic
+from drums_core.procs import boot_id
+from drums_core.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 from drums_core.storebudget import BudgetConfig, StoreKeeper, parse_size
 
 REPO = Path(__file__).resolve().parents[1]

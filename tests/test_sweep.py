@@ -24,12 +24,12 @@ import pytest
 
 from drums_core import procs
 from drums_core import sweep as sweep_mod
+from drums_core.config import X11_DIR
 from drums_core.hoststate import ledger_claims, run_leaks, snapshot_host_state
 from drums_core.ledger import Ledger
 from drums_core.sweep import FAULT_WINDOWS, sweep
 
 REPO = str(Path(__file__).resolve().parents[1])
-X11_DIR = Path("/tmp/.X11-unix")
 
 
 @pytest.fixture(autouse=True)

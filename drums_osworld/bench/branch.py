@@ -29,7 +29,8 @@ import time
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, pct, progress, ratio, rotated, summary
+from ..progress import progress
+from .common import BenchInstance, pct, ratio, rotated, summary
 
 PROTOTYPE = {"cold_setup_p50": 3.12, "restore_p50": 0.87, "ratio": 3.6, "dump_s": 0.35, "dump_mib": 236}
 TASK_NAME = f"tasks/{common.WRITER_TASK.relative_to(common.TASKS_DIR)}"

@@ -35,7 +35,8 @@ from drums_core.config import Instance, check_name
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchError, BenchInstance, progress, rotated, summary
+from ..progress import progress
+from .common import BenchError, BenchInstance, rotated, summary
 
 TASK = common.TASKS_DIR / "os" / "drums-os-make-executable.json"
 WORKERS = [1, 2, 4]

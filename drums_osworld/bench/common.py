@@ -17,8 +17,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,9 +51,6 @@ def instances(opts) -> dict[str, Instance]:
     return {"main": Instance(name=name, slot_base=base, slot_count=64),
             "ksm": Instance(name=f"{name}-ksm", slot_base=base + 64, slot_count=20),
             "profile": Instance(name=f"{name}-prof", slot_base=base + 84, slot_count=16)}
-
-PR_SET_MEMORY_MERGE = 67
-
 
 class BenchError(RuntimeError):
     """A suite could not produce its figures (not a measured failure: those are counted)."""
@@ -164,42 +159,9 @@ def _fs_type(path: str) -> str:
     return kind
 
 
-# ----------------------------------------------------------------------------------- progress
-def progress(total: int, desc: str, quiet: bool = False):
-    """A tqdm bar on stderr (a no-op stand-in when tqdm is missing or ``quiet``)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is in the dev extra; the bench still runs without it
-        tqdm = None
-    if tqdm is None or quiet:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, file=sys.stderr, unit="step", dynamic_ncols=True, leave=True)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 # ----------------------------------------------------------------------------------- daemon instances
 def leaks_total(leaks: dict) -> int:
     return sum(len(v) for v in leaks.values())
-
-
-_KSM_LAUNCHER = (
-    "import ctypes, sys\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    f"if libc.prctl({PR_SET_MEMORY_MERGE}, 1, 0, 0, 0) != 0:\n"
-    "    sys.exit('prctl(PR_SET_MEMORY_MERGE) failed: errno %d' % ctypes.get_errno())\n"
-    "from drums_core.daemon import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 
 
 LOG_DIR: Path | None = None  # ``drums bench`` sets it to ``<out>/logs``
@@ -209,7 +171,7 @@ def retire_daemon_log(instance: Instance) -> str | None:
     """Take the stopped daemon's log out of ``/run/drums``: moved into :data:`LOG_DIR` (``drums
     bench`` keeps it next to its results), or removed when the suite runs without one (a test).
     Returns where it went."""
-    log = instance.state_root / f"{instance.name}.log"
+    log = instance.log_file
     if not log.exists():
         return None
     if LOG_DIR is None:
@@ -244,9 +206,9 @@ class BenchInstance:
             raise BenchError("drums bench needs root (real namespaces, mounts, CRIU)")
         self._stop_leftover()
         env = {"DRUMS_LIVENESS_DELAY": str(self.liveness_delay)}
-        self.client = Client(self.instance, daemon_env=env, autostart=not self.ksm)
         if self.ksm:
-            self._start_ksm_daemon(env)
+            env["DRUMS_KSM"] = "1"  # the daemon applies prctl(PR_SET_MEMORY_MERGE, 1) to itself first
+        self.client = Client(self.instance, daemon_env=env)
         self.daemon_pid = self.client.ping()["pid"]
         return self
 
@@ -261,43 +223,10 @@ class BenchInstance:
             probe.shutdown(destroy_sessions=True)
         self._sweep_and_unmount()
 
-    def _start_ksm_daemon(self, env: dict) -> None:
-        root = self.instance.state_root
-        root.mkdir(parents=True, exist_ok=True)
-        full_env = dict(os.environ)
-        full_env.update(env)
-        full_env["PYTHONPATH"] = str(REPO) + (os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else "")
-        argv = [sys.executable, "-c", _KSM_LAUNCHER, "--instance", self.instance.name,
-                "--slot-base", str(self.instance.slot_base), "--slot-count", str(self.instance.slot_count)]
-        errlog = open(root / f"{self.instance.name}.stderr", "ab")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=full_env,
-                                start_new_session=True, cwd="/")
-        errlog.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                self.client.ping()
-                return
-            except DrumsError:
-                if proc.poll() is not None:
-                    raise BenchError(f"KSM daemon exited with {proc.returncode}: "
-                                     f"{(root / f'{self.instance.name}.stderr').read_text()[-1500:]}") from None
-                time.sleep(0.05)
-        raise BenchError("KSM daemon did not come up within 60 s")
-
     def _sweep_and_unmount(self) -> dict:
-        from drums_core.rootfs import is_mountpoint, unmount_tree
-        from drums_core.sweep import sweep
+        from drums_core.sweep import sweep_instance
 
-        inst = self.instance
-        report = sweep(inst.ledger_root) if inst.ledger_root.exists() else None
-        if inst.state_dir.exists() and is_mountpoint(inst.state_dir):
-            unmount_tree(inst.state_dir)
-        for suffix in (".lock", ".start.lock", ".stderr"):
-            (inst.state_root / f"{inst.name}{suffix}").unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            inst.state_dir.rmdir()
-        return report.to_dict() if report is not None else {}
+        return sweep_instance(self.instance)["sweep"]
 
     def daemon_stats(self) -> dict:
         """The daemon's open fds, threads and RSS (leaks in the daemon itself show here)."""

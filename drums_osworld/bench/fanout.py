@@ -27,7 +27,8 @@ import time
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, progress, rotated, summary
+from ..progress import progress
+from .common import BenchInstance, rotated, summary
 
 TCLONE_16 = {"wall_s": 10.0, "memory_gb": 9.0}
 

@@ -43,7 +43,8 @@ from pathlib import Path
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, progress, ratio, rotated, summary
+from ..progress import progress
+from .common import BenchInstance, ratio, rotated, summary
 from .memory import measure
 
 IMAGES = ("default", "osworld")

@@ -30,7 +30,8 @@ from pathlib import Path
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, progress, ratio, rotated, slope, summary
+from ..progress import progress
+from .common import BenchInstance, ratio, rotated, slope, summary
 
 KSM = Path("/sys/kernel/mm/ksm")
 KSM_KEYS = ("run", "pages_to_scan", "sleep_millisecs")

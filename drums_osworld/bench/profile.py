@@ -27,7 +27,8 @@ import time
 from collections import defaultdict
 
 from . import common
-from .common import BenchInstance, progress, summary
+from ..progress import progress
+from .common import BenchInstance, summary
 
 RESTORE_PHASES = [
     ("drums_core.supervisor.Supervisor", "_record_session"),

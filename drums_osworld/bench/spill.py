@@ -21,7 +21,8 @@ from pathlib import Path
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, progress, ratio, rotated, summary
+from ..progress import progress
+from .common import BenchInstance, ratio, rotated, summary
 
 ARMS = ["tmpfs", "disk warm", "disk cold"]
 

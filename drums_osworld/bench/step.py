@@ -23,7 +23,8 @@ import requests
 from drums_core.errors import DrumsError
 
 from . import common
-from .common import BenchInstance, progress, rotated, summary
+from ..progress import progress
+from .common import BenchInstance, rotated, summary
 
 PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 

@@ -175,20 +175,18 @@ class _Runner:
             raise SetupError(f"Failed to open file {path!r}: {exc}") from exc
 
     def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
-        if not window_name:
-            raise ValueError(f"Setup Open - Invalid path ({window_name}).")
-        try:
-            self.guest.activate_window(window_name, strict, by_class)
-        except (GuestHTTPError, GuestUnavailable) as exc:
-            self._soft_fail(f"activate window {window_name!r} failed", exc)
+        self._window_step("activate", self.guest.activate_window, window_name, strict, by_class)
 
     def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+        self._window_step("close", self.guest.close_window, window_name, strict, by_class)
+
+    def _window_step(self, verb: str, call: Any, window_name: str, strict: bool, by_class: bool) -> None:
         if not window_name:
-            raise ValueError(f"Setup Open - Invalid path ({window_name}).")
+            raise ValueError(f"Setup Open - Invalid path ({window_name}).")  # OSWorld's message, as it is
         try:
-            self.guest.close_window(window_name, strict, by_class)
+            call(window_name, strict, by_class)
         except (GuestHTTPError, GuestUnavailable) as exc:
-            self._soft_fail(f"close window {window_name!r} failed", exc)
+            self._soft_fail(f"{verb} window {window_name!r} failed", exc)
 
     def upload_file(self, files: list[dict[str, str]]) -> None:
         for f in files:

@@ -152,6 +152,19 @@ def _timeout(data: dict, default: float) -> float:
     return t
 
 
+def _json_text(data: dict, name: str, missing: str) -> str:
+    """The non-empty string field ``name`` of a JSON body; ApiError 400 with ``missing`` otherwise."""
+    value = data.get(name)
+    if not value or not isinstance(value, str):
+        raise ApiError(400, missing)
+    return value
+
+
+def _error_reply(error: str, status: int, message: str | None = None) -> tuple[Response, int]:
+    """OSWorld's error reply: ``{"status": "error", "error", "message"}`` (``message`` defaults to ``error``)."""
+    return jsonify({"status": "error", "error": error, "message": error if message is None else message}), status
+
+
 def _form_value(name: str) -> str | None:
     """A form field, also accepted from a JSON body or the query string."""
     v = request.form.get(name)
@@ -279,13 +292,12 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
 
     @app.errorhandler(DisplayUnavailable)
     def _no_display(e: DisplayUnavailable):
-        return jsonify({"status": "error", "message": str(e), "error": str(e)}), 503
+        return _error_reply(str(e), 503)
 
     @app.errorhandler(Exception)
     def _internal(e: Exception):
         log.exception("unhandled error on %s %s", request.method, request.path)
-        msg = f"{type(e).__name__}: {e}"
-        return jsonify({"status": "error", "message": msg, "error": msg}), 500
+        return _error_reply(f"{type(e).__name__}: {e}", 500)
 
     @app.before_request
     def _read_body():
@@ -471,29 +483,24 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     def get_file():
         raw = _form_value("file_path")
         if not raw:
-            return jsonify({"status": "error", "error": "file_path is required",
-                            "message": "file_path is required"}), 400
+            return _error_reply("file_path is required", 400)
         path = g.path_from(raw)
         if not os.path.exists(path):
-            return jsonify({"status": "error", "error": "File not found",
-                            "message": f"File not found: {path}"}), 404
+            return _error_reply("File not found", 404, f"File not found: {path}")
         if not os.path.isfile(path):
-            return jsonify({"status": "error", "error": "Not a regular file",
-                            "message": f"Not a regular file: {path}"}), 400
+            return _error_reply("Not a regular file", 400, f"Not a regular file: {path}")
         try:
             return send_file(path, as_attachment=True, conditional=False, etag=False,
                              max_age=0)
         except OSError as exc:
-            return jsonify({"status": "error", "error": f"Failed to serve file: {exc}",
-                            "message": f"Failed to serve file: {exc}"}), 500
+            return _error_reply(f"Failed to serve file: {exc}", 500)
 
     @app.route("/setup/upload", methods=["POST"])
     def upload():
         raw = request.form.get("file_path")
         f = request.files.get("file_data")
         if not raw or f is None:
-            msg = "file_path and file_data are required"
-            return jsonify({"status": "error", "error": msg, "message": msg}), 400
+            return _error_reply("file_path and file_data are required", 400)
         path = g.path_from(raw)
         try:
             g.makedirs(os.path.dirname(path))
@@ -506,8 +513,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
                     os.remove(path)
             except OSError:
                 pass
-            msg = f"Failed to upload file: {exc}"
-            return jsonify({"status": "error", "error": msg, "message": msg}), 500
+            return _error_reply(f"Failed to upload file: {exc}", 500)
         return f"File Uploaded: {size} bytes"
 
     @app.route("/list_directory", methods=["POST"])
@@ -548,8 +554,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
         p = os.path.join(g.runner.home, "Desktop")
         if os.path.exists(p):
             return jsonify(desktop_path=p)
-        msg = "Unsupported operating system or desktop path not found"
-        return jsonify({"status": "error", "error": msg, "message": msg}), 404
+        return _error_reply("Unsupported operating system or desktop path not found", 404)
 
     # -- screen and windows ------------------------------------------------------------------
     @app.route("/screenshot", methods=["GET"])
@@ -575,14 +580,12 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     def window_size():
         name = _form_value("app_class_name")
         if not name:
-            return jsonify({"status": "error", "error": "app_class_name is required",
-                            "message": "app_class_name is required"}), 400
+            return _error_reply("app_class_name is required", 400)
         wins = windows.list_windows(g.xc)
         for w in sorted(wins, key=lambda w: w.id):
             if name.lower() in (w.instance.lower(), w.wm_class.lower()):
                 return jsonify({"width": w.width, "height": w.height})
-        return jsonify({"status": "error", "error": "Window not found",
-                        "message": f"no window of class {name!r}"}), 404
+        return _error_reply("Window not found", 404, f"no window of class {name!r}")
 
     @app.route("/accessibility", methods=["GET"])
     def accessibility():
@@ -597,9 +600,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/close_window", methods=["POST"])
     def window_action():
         data = _json_body()
-        name = data.get("window_name")
-        if not name or not isinstance(name, str):
-            raise ApiError(400, "window_name required")
+        name = _json_text(data, "window_name", "window_name required")
         strict, by_class = _flag(data, "strict"), _flag(data, "by_class")
         closing = request.path.endswith("close_window")
         if not windows.wmctrl_by_name(g.xc, "c" if closing else "a", name, strict, by_class):
@@ -609,9 +610,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/open_file", methods=["POST"])
     def open_file():
         data = _json_body()
-        raw = data.get("path")
-        if not raw or not isinstance(raw, str):
-            raise ApiError(400, "Path not supplied!")
+        raw = _json_text(data, "path", "Path not supplied!")
         timeout = _timeout(data, cfg.open_timeout)
         path = g.path_from(raw)
         env_path = g.runner.env.get("PATH")
@@ -660,9 +659,7 @@ def create_app(cfg: GuestConfig | None = None) -> Flask:
     @app.route("/setup/change_wallpaper", methods=["POST"])
     def change_wallpaper():
         data = _json_body()
-        raw = data.get("path")
-        if not raw or not isinstance(raw, str):
-            raise ApiError(400, "Path not supplied!")
+        raw = _json_text(data, "path", "Path not supplied!")
         path = g.path_from(raw)
         if not os.path.exists(path):
             raise ApiError(404, f"File not found: {path}")

@@ -509,13 +509,13 @@ class WindowRun:
             self.row["log_tail"] = self._log_tail()
         else:
             with contextlib.suppress(OSError):
-                (self.inst.state_root / f"{self.inst.name}.log").unlink()
+                self.inst.log_file.unlink()
         self.row["seconds"] = round(time.monotonic() - t0, 2)
         return self.row
 
     def _log_tail(self, n: int = 40) -> list[str]:
         try:
-            lines = (self.inst.state_root / f"{self.inst.name}.log").read_text().splitlines()
+            lines = self.inst.log_file.read_text().splitlines()
         except OSError:
             return []
         return lines[-n:]
@@ -872,9 +872,9 @@ class WindowRun:
             self.notes.append(f"cleanup had to force-remove {forced}")
             with contextlib.suppress(Exception):
                 stop_instance(self.inst)
-        for suffix in (".lock", ".start.lock", ".stderr"):
+        for path in self.inst.daemon_files:
             with contextlib.suppress(OSError):
-                (self.inst.state_root / f"{self.inst.name}{suffix}").unlink()
+                path.unlink()
         with contextlib.suppress(OSError):
             self.inst.state_dir.rmdir()
         shutil.rmtree(spill_dir(self.inst), ignore_errors=True)  # copies of snapshots of the unmounted store

@@ -49,8 +49,8 @@ def instance(request):
         stop_instance(inst)
     finally:
         forced = force_clean(inst)
-        for suffix in (".lock", ".start.lock", ".stderr"):
-            (inst.state_root / f"{inst.name}{suffix}").unlink(missing_ok=True)
+        for path in inst.daemon_files:
+            path.unlink(missing_ok=True)
         try:
             inst.state_dir.rmdir()
         except OSError:
@@ -186,7 +186,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
     assert not old.path.exists(), f"the dead run's ledger is left: {os.listdir(old.path)}"
     assert nft_table_name(info['run']) not in _nft_names()
     assert decoys.problems() == []
-    log = (inst.state_root / f"{inst.name}.log").read_text()
+    log = inst.log_file.read_text()
     assert all(f"adopted session {sid}" in log for sid in idle_inits), "adoption is logged"
 
     env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),

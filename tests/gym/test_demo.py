@@ -61,4 +61,4 @@ def test_demo_end_to_end(drums_instance, tmp_path: Path) -> None:
         assert not instance.state_dir.exists()
     finally:
         Client(instance, autostart=False).shutdown(destroy_sessions=True)
-        (instance.state_root / f"{instance.name}.log").unlink(missing_ok=True)
+        instance.log_file.unlink(missing_ok=True)
