@@ -53,6 +53,7 @@ emptied, not removed), ``sweep-after-cgroup-remove`` (removed, entries not forgo
 from __future__ import annotations
 
 import argparse
+import enum
 import errno
 import json
 import logging
@@ -104,6 +105,23 @@ def _fault(window: str) -> None:
 # reports
 
 
+class RunStatus(str, enum.Enum):
+    """What the sweep did to one run (see :class:`RunReport`); serialises as its value."""
+
+    PENDING = "pending"
+    SWEPT = "swept"
+    SURVIVORS = "survivors"
+    INCOMPLETE = "incomplete"
+    FAILED_CLOSED = "failed-closed"
+    SKIPPED_ALIVE = "skipped-alive"
+    BUSY = "busy"
+    ABSENT = "absent"
+    DRY_RUN = "dry-run"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class RunReport:
     """What the sweep did (or, with ``dry_run``, would do) to one run.
@@ -114,7 +132,7 @@ class RunReport:
     """
 
     run: str
-    status: str = "pending"
+    status: RunStatus = RunStatus.PENDING
     owner: str = ""
     processes_killed: int = 0
     mounts_unmounted: int = 0
@@ -548,24 +566,24 @@ class _RunSweep:
         r = self.report
         try:
             if not self.ledger.exists():
-                r.status = "absent"
+                r.status = RunStatus.ABSENT
                 return r
             try:
                 with self.ledger.locked(blocking=False):
                     self._locked()
             except Busy:
-                r.status = "busy"
+                r.status = RunStatus.BUSY
             except DrumsError as exc:
-                if r.status == "pending":
-                    r.status = "absent" if exc.reason == "LEDGER_NOT_FOUND" else "incomplete"
-                if r.status != "absent":
+                if r.status == RunStatus.PENDING:
+                    r.status = RunStatus.ABSENT if exc.reason == "LEDGER_NOT_FOUND" else RunStatus.INCOMPLETE
+                if r.status != RunStatus.ABSENT:
                     r.errors.append(str(exc))
         finally:
             r.seconds = time.monotonic() - t0
         return r
 
     def _fail_closed(self, why: str) -> None:
-        self.report.status = "failed-closed"
+        self.report.status = RunStatus.FAILED_CLOSED
         self.report.errors.append(why)
 
     def _locked(self) -> None:
@@ -577,7 +595,7 @@ class _RunSweep:
             r.owner = "corrupt"
             return self._fail_closed(exc.message)
         if r.owner == "alive" and self.only_dead:
-            r.status = "skipped-alive"
+            r.status = RunStatus.SKIPPED_ALIVE
             return None
         try:
             entries = self.ledger.entries()
@@ -1192,7 +1210,7 @@ class _RunSweep:
     def _finish(self) -> None:
         r = self.report
         if self.dry_run:
-            r.status = "dry-run"
+            r.status = RunStatus.DRY_RUN
             return
         self._forget_done(final=True)
         if not self.entries and self.select is None:
@@ -1201,13 +1219,13 @@ class _RunSweep:
             except OSError as exc:
                 r.errors.append(f"cannot remove ledger {self.ledger.path}: {exc}")
         if r.ledger_removed or (self.select is not None and not self.entries and not r.errors):
-            r.status = "swept"
+            r.status = RunStatus.SWEPT
         elif r.errors:
-            r.status = "incomplete"
+            r.status = RunStatus.INCOMPLETE
         elif r.survivors:
-            r.status = "survivors"
+            r.status = RunStatus.SURVIVORS
         else:
-            r.status = "incomplete"
+            r.status = RunStatus.INCOMPLETE
             r.errors.append(f"entries left: {sorted(f'{k}:{v}' for k, v in self.entries)[:5]}")
 
 
@@ -1283,7 +1301,7 @@ def sweep(ledger_root: Path | str, run: str | None = None, dry_run: bool = False
         rr = _RunSweep(root, name, live, dry_run=dry_run, kill_timeout=kill_timeout, max_passes=max_passes,
                        only_dead=only_dead, select=select).run_sweep()
         report.runs.append(rr)
-        if rr.status == "skipped-alive":
+        if rr.status == RunStatus.SKIPPED_ALIVE:
             log.debug(rr.summary())
         elif rr.errors or rr.survivors:
             log.warning(rr.summary())
@@ -1346,7 +1364,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.json:
         print(report.to_json(indent=2))
-    elif not any(r.status != "skipped-alive" for r in report.runs):
+    elif not any(r.status != RunStatus.SKIPPED_ALIVE for r in report.runs):
         print(f"sweep: nothing to do under {args.ledger}", file=sys.stderr)
     if report.errors:
         return 1
