@@ -83,6 +83,8 @@ class Instance:
 
 
 def instance_from_env() -> Instance:
+    """The instance the environment names: ``DRUMS_INSTANCE`` (default ``default``), ``DRUMS_SLOT_BASE``
+    (0) and ``DRUMS_SLOT_COUNT`` (64). Raises ``InvalidArgument`` ``INVALID_NAME`` for a bad name."""
     name = os.environ.get("DRUMS_INSTANCE", "default")
     base = int(os.environ.get("DRUMS_SLOT_BASE", "0"))
     count = int(os.environ.get("DRUMS_SLOT_COUNT", "64"))
