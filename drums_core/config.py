@@ -55,30 +55,37 @@ class Instance:
 
     @property
     def state_dir(self) -> Path:
+        """This instance's state directory (snapshots, sessions, ledger), ``<state_root>/<name>``."""
         return self.state_root / self.name
 
     @property
     def socket(self) -> Path:
+        """The daemon's unix socket."""
         return self.state_dir / "drumsd.sock"
 
     @property
     def ledger_root(self) -> Path:
+        """Where the daemon's runs record what they own (the sweep's input)."""
         return self.state_dir / "ledger"
 
     @property
     def sessions_dir(self) -> Path:
+        """The sessions' directories (roots, uppers, CRIU work)."""
         return self.state_dir / "sessions"
 
     @property
     def snapshots_dir(self) -> Path:
+        """The snapshot store."""
         return self.state_dir / "snapshots"
 
     @property
     def images_dir(self) -> Path:
+        """The instance's own image directory."""
         return self.state_dir / "images"
 
     @property
     def log_file(self) -> Path:
+        """The daemon's log file in the state directory."""
         return self.state_dir / "drumsd.log"
 
 

@@ -55,26 +55,31 @@ class Desktop:
 
     @property
     def id(self) -> str:
+        """The session id."""
         return self.session["id"]
 
     @property
     def address(self) -> str:
+        """The guest's address (reachable from the host only)."""
         return self.session["address"]
 
     @property
     def screen(self) -> tuple[int, int]:
+        """The screen size, ``(width, height)``."""
         w, h = self.session["spec"]["screen"]
         return int(w), int(h)
 
     @classmethod
     def boot(cls, client: Client | None = None, screen: tuple[int, int] = (1920, 1080),
              image: str = DEFAULT_IMAGE) -> "Desktop":
+        """Boot a cold desktop of ``image`` (the daemon's errors as :meth:`drums_core.Client.create` raises them)."""
         client = client or Client()
         return cls(client, client.create(desktop_spec(screen, image)))
 
     @classmethod
     def restore(cls, client: Client, snapshot: str, count: int = 1, expect_window: str | None = None,
                 wait_live: bool = False, scope: str | None = None) -> list["Desktop"]:
+        """``count`` sibling desktops of ``snapshot`` (arguments and errors: :meth:`drums_core.Client.restore`)."""
         sessions = client.restore(snapshot, count=count, expect_window=expect_window, wait_live=wait_live,
                                   scope=scope)
         return [cls(client, s) for s in sessions]
@@ -91,13 +96,16 @@ class Desktop:
         return snap
 
     def refresh(self) -> dict:
+        """Fetch the session's record again (``NotFound`` when it is gone)."""
         self.session = self.client.get(self.id)
         return self.session
 
     def reseed_draw(self) -> int:
+        """A number from the guest server's RNG (siblings of one snapshot draw different ones)."""
         return int(self.guest._request("POST", "/drums/reseed").json()["draw"])
 
     def close(self) -> None:
+        """Destroy the desktop (idempotent)."""
         if self.closed:
             return
         self.closed = True
