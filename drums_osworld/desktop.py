@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from drums_core.client import Client
+from drums_core.records import Session, Snapshot
 from drums_core.config import GUEST_PYTHON
 
 from . import image as osworld_image
@@ -46,7 +47,7 @@ class Desktop:
     """One live desktop: ``session`` is the daemon's record of it, ``guest`` talks to its server."""
 
     client: Client
-    session: dict
+    session: Session
     guest: GuestClient = field(init=False)
     closed: bool = field(default=False, init=False)
 
@@ -85,7 +86,7 @@ class Desktop:
         return [cls(client, s) for s in sessions]
 
     def checkpoint(self, name: str | None = None, leave_running: bool = True, scope: str | None = None,
-                   snapshot_id: str | None = None) -> dict:
+                   snapshot_id: str | None = None) -> Snapshot:
         """Checkpoint this desktop. With ``leave_running`` it goes on (same id and address) afterwards."""
         snap = self.client.checkpoint(self.id, name=name, leave_running=leave_running, scope=scope,
                                       snapshot_id=snapshot_id)
@@ -95,7 +96,7 @@ class Desktop:
             self.closed = True
         return snap
 
-    def refresh(self) -> dict:
+    def refresh(self) -> Session:
         """Fetch the session's record again (``NotFound`` when it is gone)."""
         self.session = self.client.get(self.id)
         return self.session
