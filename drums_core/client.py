@@ -131,7 +131,7 @@ class Client:
             seconds since it started.
 
         Raises:
-            Unavailable: the transport's reasons (see :meth:`call`), e.g. ``DAEMON_DOWN``.
+            Unavailable: ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``, ``TIMEOUT`` (see :meth:`call`).
         """
         return self.call("ping")
 
@@ -306,7 +306,8 @@ class Client:
             A :class:`~drums_core.records.Session` for each.
 
         Raises:
-            Unavailable: the transport's reasons only (see :meth:`call`).
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
         """
         return [Session.from_dict(s) for s in self.call("list")]
 
@@ -413,7 +414,8 @@ class Client:
             ``disk``), ``last_used``, ``children`` and ``in_use`` (what holds it, or None).
 
         Raises:
-            Unavailable: the transport's reasons only (see :meth:`call`).
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
         """
         return [Snapshot.from_dict(s) for s in self.call("snapshots")]
 
@@ -422,7 +424,8 @@ class Client:
         ``spilled``, ...) and its ``recent`` evictions and spills (see drums_core.storebudget).
 
         Raises:
-            Unavailable: the transport's reasons only (see :meth:`call`).
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
         """
         return self.call("store")
 
@@ -466,7 +469,8 @@ class Client:
         """The daemon's counters: ``{"counters": {...}, "sessions": n, "run": id}``.
 
         Raises:
-            Unavailable: the transport's reasons only (see :meth:`call`).
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
         """
         return self.call("stats")
 
