@@ -258,3 +258,19 @@ def test_records_in_json_documents():
 def test_records_refuse_what_is_not_a_reply(bad):
     with pytest.raises(TypeError, match="Session.from_dict"):
         records.Session.from_dict(bad)
+
+
+def test_readme_from_python_examples_compile_and_use_the_public_api():
+    text = (REPO / "README.md").read_text()
+    section = text.split("### From Python", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3, "the From Python section shows a Client, a gymnasium and an OSWorld example"
+    for block in blocks:
+        compile(block, "README.md", "exec")
+        assert len(block.strip().splitlines()) <= 12
+        for module, names in re.findall(r"^from (drums_core|drums_osworld) import (.+)$", block, re.M):
+            pkg = {"drums_core": drums_core, "drums_osworld": drums_osworld}[module]
+            assert {n.strip() for n in names.split(",")} <= set(pkg.__all__)
+        for name in re.findall(r"\bdrums_osworld\.(\w+)\(", block):
+            assert name in drums_osworld.__all__
+    assert "gymnasium.make(" in blocks[1] and 'provider_name="drums"' in blocks[2]
