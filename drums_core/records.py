@@ -18,7 +18,6 @@ earlier versions runs unchanged::
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -36,9 +35,18 @@ class Record(Mapping):
     Subclasses declare the daemon's keys as dataclass fields (plus ``extra`` and ``_keys``)."""
 
     __slots__ = ()
-    # set by _record: the daemon keys the record declares, in declaration order
+    # the daemon's keys the record declares as fields, in declaration order (set for each subclass)
     _names: ClassVar[tuple[str, ...]] = ()
     _known_names: ClassVar[frozenset[str]] = frozenset()
+    # every record also declares these two: keys it does not know, and the reply's key order
+    extra: dict[str, Any]
+    _keys: tuple[str, ...]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        names = tuple(k for k in cls.__dict__.get("__annotations__", {}) if k not in _HIDDEN)
+        cls._names = names
+        cls._known_names = frozenset(names)
 
     # ------------------------------------------------------------------ JSON
     @classmethod
@@ -99,19 +107,7 @@ class Record(Mapping):
     __hash__ = None  # type: ignore[assignment]
 
 
-def _record(cls: type[R]) -> type[R]:
-    """Make ``cls`` a frozen dataclass record that keeps unknown keys (``extra``) and the reply's key order."""
-    cls.__annotations__ = {**cls.__dict__.get("__annotations__", {}),
-                           "extra": "dict[str, Any]", "_keys": "tuple[str, ...]"}
-    cls.extra = field(default_factory=dict, repr=False)  # type: ignore[attr-defined]
-    cls._keys = field(default=(), repr=False)  # type: ignore[attr-defined]
-    cls = dataclass(frozen=True, eq=False)(cls)
-    cls._names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in _HIDDEN)
-    cls._known_names = frozenset(cls._names)
-    return cls
-
-
-@_record
+@dataclass(frozen=True, eq=False)
 class Session(Record):
     """A desktop session, as ``Client.create``, ``restore``, ``get``, ``wait_live`` and ``list`` return it.
 
@@ -145,6 +141,8 @@ class Session(Record):
     oom_kills: int = 0
     image_hash: str | None = None
     cgroup: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def is_broken(self) -> bool:
@@ -152,7 +150,7 @@ class Session(Record):
         return self.state == "BROKEN"
 
 
-@_record
+@dataclass(frozen=True, eq=False)
 class Snapshot(Record):
     """A checkpoint, as ``Client.checkpoint``, ``snapshot`` and ``snapshots`` return it.
 
@@ -190,15 +188,19 @@ class Snapshot(Record):
     last_used: float | None = None
     children: list[str] | None = None
     in_use: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: tuple[str, ...] = field(default=(), repr=False)
 
 
-@_record
+@dataclass(frozen=True, eq=False)
 class ExecResult(Record):
     """What ``Client.exec`` returns: the command's exit status and its whole output, as text."""
 
     returncode: int
     stdout: str = ""
     stderr: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def ok(self) -> bool:
@@ -206,7 +208,7 @@ class ExecResult(Record):
         return self.returncode == 0
 
 
-@_record
+@dataclass(frozen=True, eq=False)
 class Window(Record):
     """A top-level X window of a session, as ``Client.windows`` lists them."""
 
@@ -214,9 +216,11 @@ class Window(Record):
     title: str = ""
     wm_class: str = ""
     mapped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: tuple[str, ...] = field(default=(), repr=False)
 
 
-@_record
+@dataclass(frozen=True, eq=False)
 class Process(Record):
     """A process of a session, as ``Client.processes`` lists them: host ``pid``, ``nspid`` inside
     the session's pid namespace, ``comm`` and host ``ppid``."""
@@ -225,6 +229,8 @@ class Process(Record):
     nspid: int | None = None
     comm: str | None = None
     ppid: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    _keys: tuple[str, ...] = field(default=(), repr=False)
 
 
 def plain(value: Any) -> Any:
