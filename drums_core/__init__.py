@@ -29,10 +29,19 @@ Everything else (the supervisor, CRIU, rootfs, networking, the sweep) is the dae
 """
 from __future__ import annotations
 
-from .client import Client
-from .config import Instance, instance_from_env
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .records import ExecResult, Process, Session, Snapshot, Window, json_default
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .config import Instance, instance_from_env
+
+# Loaded on first access (see __getattr__): ``import drums_core.errors``, which the guest server and
+# ``import drums_osworld`` do, then stays without the client and its socket machinery.
+_LAZY = {"Client": "drums_core.client", "Instance": "drums_core.config", "instance_from_env": "drums_core.config"}
 
 __all__ = [
     "Client",
@@ -52,3 +61,16 @@ __all__ = [
     "InvalidArgument",
     "Internal",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses do not come here again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

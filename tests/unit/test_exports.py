@@ -136,6 +136,10 @@ def test_import_is_light():
     mods = _fresh_modules("import drums_core, drums_osworld")
     heavy = sorted(m for m in mods if m.split(".")[0] in HEAVY)
     assert not heavy, f"import drums_core, drums_osworld imported {heavy}"
+    # what the exports load on first use (tests/osworld/test_provider.py holds OSWorld's side of this)
+    loaded = sorted(m for m in ("drums_core.client", "drums_osworld.provider.provider", "drums_osworld.desktop")
+                    if m in mods)
+    assert not loaded, f"import drums_core, drums_osworld loaded {loaded} before their first use"
 
 
 def test_drums_core_alone_imports_nothing_of_osworld_or_gymnasium():
