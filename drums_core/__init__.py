@@ -1,1 +1,76 @@
-"""Drums engine: checkpointable Linux desktop sessions (the lead fills in the public API)."""
+"""Drums engine: checkpointable Linux desktop sessions.
+
+A session is a Linux desktop (Xvfb, a window manager, applications) in its own namespaces on an
+overlayfs root; CRIU checkpoints it into a snapshot, and a snapshot restores into any number of
+sibling sessions at once (a branch). The per-host daemon ``drumsd`` owns them; a :class:`Client`
+talks to it (and starts it on first use)::
+
+    import drums_core
+
+    c = drums_core.Client()
+    s = c.create()                                   # a Session
+    snap = c.checkpoint(s.id, leave_running=True)    # a Snapshot
+    sibs = c.restore(snap.id, count=4)               # four Sessions, restored at once
+    print(c.exec(sibs[0].id, ["uname", "-n"]).stdout)
+    for x in [s, *sibs]:
+        c.destroy(x.id)
+
+Public names:
+
+- :class:`Client`, and :class:`Instance` / :func:`instance_from_env` to choose the daemon;
+- the records it returns: :class:`Session`, :class:`Snapshot`, :class:`ExecResult`,
+  :class:`Window`, :class:`Process` (frozen dataclasses that also read as the daemon's JSON; see
+  :mod:`drums_core.records`), and :func:`json_default` to ``json.dumps`` documents holding them;
+- the errors: :class:`DrumsError` and its subclasses :class:`Unavailable`, :class:`Busy`,
+  :class:`FailedPrecondition`, :class:`NotFound`, :class:`InvalidArgument`, :class:`Internal`
+  (their contracts are in :mod:`drums_core.errors`).
+
+Everything else (the supervisor, CRIU, rootfs, networking, the sweep) is the daemon's inside.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from .records import ExecResult, Process, Session, Snapshot, Window, json_default
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .config import Instance, instance_from_env
+
+# Loaded on first access (see __getattr__): ``import drums_core.errors``, which the guest server and
+# ``import drums_osworld`` do, then stays without the client and its socket machinery.
+_LAZY = {"Client": "drums_core.client", "Instance": "drums_core.config", "instance_from_env": "drums_core.config"}
+
+__all__ = [
+    "Client",
+    "Instance",
+    "instance_from_env",
+    "Session",
+    "Snapshot",
+    "ExecResult",
+    "Window",
+    "Process",
+    "json_default",
+    "DrumsError",
+    "Unavailable",
+    "Busy",
+    "FailedPrecondition",
+    "NotFound",
+    "InvalidArgument",
+    "Internal",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses do not come here again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -15,6 +15,7 @@ import sys
 
 from .client import Client
 from .errors import DrumsError
+from .records import json_default
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -29,7 +30,7 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def _out(args, data, human: str) -> None:
     if args.json:
-        print(json.dumps(data, indent=1, default=str))
+        print(json.dumps(data, indent=1, default=json_default))
     else:
         print(human)
 
@@ -450,7 +451,7 @@ def _run(args, client: Client) -> int:
     elif args.cmd == "exec":
         res = client.exec(args.session, args.argv, user=args.user, timeout=args.timeout)
         if args.json:
-            print(json.dumps(res, indent=1))
+            print(json.dumps(res.to_dict(), indent=1))
         else:
             sys.stdout.write(res["stdout"])
             sys.stderr.write(res["stderr"])

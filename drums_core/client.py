@@ -1,11 +1,13 @@
 """The client library: talks to ``drumsd`` over its unix socket, starting it when none is running.
 
     >>> c = Client()
-    >>> s = c.create()                    # a cold desktop
-    >>> snap = c.checkpoint(s["id"])      # CRIU dump + frozen layer
-    >>> sibs = c.restore(snap["id"], count=4)
+    >>> s = c.create()                    # a cold desktop: a Session record
+    >>> snap = c.checkpoint(s.id)         # CRIU dump + frozen layer: a Snapshot record
+    >>> sibs = c.restore(snap.id, count=4)
 
-Errors arrive as the same classes the daemon raised (see :mod:`drums_core.errors`).
+Results are the typed records of :mod:`drums_core.records` (which also read as the daemon's JSON
+objects: ``s["id"]``, ``s.get("address")``). Errors arrive as the same classes the daemon raised
+(see :mod:`drums_core.errors`).
 """
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .config import VENV, Instance, instance_from_env
 from .errors import DrumsError, Unavailable, from_wire
+from .records import ExecResult, Process, Session, Snapshot, Window
+
+
+__all__ = ["Client"]
 
 
 def _decode(value):
@@ -99,12 +106,34 @@ def _stderr_tail(instance: Instance) -> str:
 
 
 class Client:
+    """A connection to the Drums daemon (``drumsd``) of one instance; it starts the daemon on first use.
+
+    Args:
+        instance: which daemon (name, slot range, state directory); default: ``DRUMS_INSTANCE``
+            and friends from the environment (see :func:`drums_core.config.instance_from_env`).
+        autostart: start the daemon when none answers (else calls raise ``Unavailable``
+            ``DAEMON_DOWN``).
+        timeout: seconds to wait for each reply.
+        daemon_env: environment variables added to a daemon this client starts.
+
+    Each method is one request; the daemon runs it to completion even if the client goes away.
+    Errors are :class:`~drums_core.errors.DrumsError` subclasses with a stable ``reason``:
+    ``Unavailable`` (nothing happened or all was rolled back: retry), ``Busy``,
+    ``FailedPrecondition``, ``NotFound``, ``InvalidArgument`` (nothing changed) and ``Internal``
+    (the session or snapshot is marked broken: do not retry blindly). Every call can also raise
+    ``Unavailable`` ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED`` or ``TIMEOUT``, and
+    ``InvalidArgument`` ``BAD_REQUEST`` for a malformed request.
+    """
+
     def __init__(self, instance: Instance | None = None, autostart: bool = True, timeout: float = 900.0,
                  daemon_env: dict | None = None) -> None:
         self.instance = instance or instance_from_env()
         self.autostart = autostart
         self.timeout = timeout
         self.daemon_env = daemon_env or {}
+
+    def __repr__(self) -> str:
+        return f"Client(instance={self.instance.name!r})"
 
     # -------------------------------------------------------------- transport
     def _connect(self) -> socket.socket:
@@ -119,7 +148,20 @@ class Client:
         sk.settimeout(self.timeout)
         return sk
 
-    def call(self, op: str, **args):
+    def call(self, op: str, **args: Any) -> Any:
+        """Send one raw request ``{"op": op, "args": args}`` and return the daemon's decoded result.
+
+        The low-level door under every other method: results are plain JSON values (dicts and
+        lists; ``bytes`` where the daemon sent bytes), not records.
+
+        Raises:
+            DrumsError: whatever the operation raised in the daemon, as the same class and reason
+                (``InvalidArgument`` ``UNKNOWN_OP`` for an unknown ``op``, ``BAD_REQUEST`` for a
+                missing argument).
+            Unavailable: ``DAEMON_DOWN`` (no daemon and ``autostart`` off), ``DAEMON_START_FAILED``,
+                ``DAEMON_DIED`` (the connection closed mid-call), ``TIMEOUT`` (no reply within
+                ``timeout`` seconds; the operation may still complete in the daemon).
+        """
         try:
             sk = self._connect()
         except (FileNotFoundError, ConnectionRefusedError):
@@ -147,91 +189,331 @@ class Client:
         return _decode(reply.get("result"))
 
     def ping(self) -> dict:
+        """Whether the daemon answers, and who it is.
+
+        Returns:
+            ``{"run", "pid", "instance", "uptime"}``: its run id, process id, instance name and
+            seconds since it started.
+
+        Raises:
+            Unavailable: ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``, ``TIMEOUT`` (see :meth:`call`).
+        """
         return self.call("ping")
 
     def start_daemon(self, wait: float = 60.0) -> None:
-        """Start drumsd for this instance (once, even with racing clients) and wait for its socket."""
+        """Start drumsd for this instance (once, even with racing clients) and wait until it answers.
+
+        Args:
+            wait: seconds to wait for the daemon to answer a ping.
+
+        Raises:
+            Unavailable: ``DAEMON_START_FAILED`` when the daemon exits (its stderr's tail is in the
+                message) or does not answer within ``wait`` seconds.
+        """
         start_daemon(self.instance, self.daemon_env, wait=wait)
 
     def daemon_pid(self) -> int | None:
+        """The daemon's process id, or None when it does not answer (never raises a DrumsError;
+        with ``autostart`` on, asking starts it)."""
         try:
             return self.call("ping")["pid"]
         except DrumsError:
             return None
 
     # -------------------------------------------------------------- operations
-    def create(self, spec: dict | None = None) -> dict:
-        return self.call("create", spec=spec or {})
+    def create(self, spec: dict | None = None) -> Session:
+        """Boot a cold desktop session and return it once it is ready.
+
+        Args:
+            spec: the session spec (fields of ``drums_core.supervisor.SessionSpec``: ``image``,
+                ``screen``, ``programs``, ``wait_port``, ``expect_window``, ``network``,
+                ``limits``, ...); default: a bare desktop of the ``default`` image.
+
+        Returns:
+            The new :class:`~drums_core.records.Session` (``state`` ``RUNNING``).
+
+        Raises:
+            InvalidArgument: ``BAD_SPEC`` (unknown field, bad size, screen, env, limits or
+                program), ``INVALID_NAME``, ``BAD_NETWORK``, ``BAD_LIMITS``.
+            NotFound: ``IMAGE_NOT_FOUND`` (the image is not built).
+            Unavailable: ``NO_SLOT`` (every slot of the instance in use), ``START_FAILED``,
+                ``LAUNCH_FAILED``, ``SESSION_DIED``, ``NOT_READY`` (the desktop did not get ready
+                within ``ready_timeout``); all rolled back, nothing is left.
+            FailedPrecondition: ``CGROUP_UNAVAILABLE``, ``CONTROLLER_NOT_ENABLED`` (the host
+                cannot apply the limits).
+        """
+        return Session.from_dict(self.call("create", spec=spec or {}))
 
     def checkpoint(self, session: str, name: str | None = None, snapshot_id: str | None = None,
-                   leave_running: bool = False, scope: str | None = None, cache: bool = False) -> dict:
-        """The snapshot's record; ``store.actions`` lists what was evicted or spilled to make room.
-        ``cache``: the store may evict it when nothing uses it (a state the caller can make again)."""
+                   leave_running: bool = False, scope: str | None = None, cache: bool = False) -> Snapshot:
+        """CRIU-dump a session and freeze its writable layer into a snapshot.
+
+        Idempotent on (``session``, ``snapshot_id``): a retry with the same id returns the
+        committed snapshot instead of dumping again.
+
+        Args:
+            session: the session's id.
+            name: a name to find the snapshot by (``restore(name)``); names need not be unique
+                (the newest wins).
+            snapshot_id: the id to give it (default: a fresh one); reuse it to retry safely.
+            leave_running: keep the session running (same id and address) after the dump;
+                otherwise it is gone.
+            scope: the namespace ``name`` is looked up in (default: the session's id).
+            cache: the store may evict it when nothing uses it (a state the caller can make
+                again); otherwise it is pinned.
+
+        Returns:
+            The :class:`~drums_core.records.Snapshot`; its ``store["actions"]`` list what was
+            evicted or spilled to make room.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            InvalidArgument: ``INVALID_NAME`` (a hostile name or id).
+            Busy: ``SESSION_BUSY`` (another operation holds the session).
+            FailedPrecondition: ``SNAPSHOT_ID_CONFLICT`` (the id is taken with other parameters).
+            Unavailable: ``STORE_FULL`` (no room even after evicting and spilling); nothing happened.
+            Internal: ``SESSION_BROKEN`` (the session was already broken), ``CHECKPOINT_FAILED``
+                (CRIU's lines in ``detail``; the session is marked broken).
+        """
         args = {"cache": True} if cache else {}  # a daemon of an older version accepts the call unchanged
-        return self.call("checkpoint", session=session, name=name, snapshot_id=snapshot_id,
-                         leave_running=leave_running, scope=scope, **args)
+        return Snapshot.from_dict(self.call("checkpoint", session=session, name=name, snapshot_id=snapshot_id,
+                                            leave_running=leave_running, scope=scope, **args))
 
     def restore(self, snapshot: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
-                scope: str | None = None, min_nonblank: float = 0.0) -> list[dict]:
-        """Restore ``count`` siblings; each is returned once its ``expect_window`` (default: the
-        snapshot's first window) is mapped and more than ``min_nonblank`` of the screen's pixels
-        differ from the top-left one (0.0: the screen is not blank)."""
-        return self.call("restore", snapshot=snapshot, count=count, wait_live=wait_live,
-                         expect_window=expect_window, scope=scope, min_nonblank=min_nonblank)
+                scope: str | None = None, min_nonblank: float = 0.0) -> list[Session]:
+        """Restore ``count`` sibling sessions of a snapshot at once (a branch); all or nothing.
+
+        Each sibling gets its own address, hostname and writable layer, and is returned once its
+        desktop is ready: ``expect_window`` is mapped and the screen is not blank. Its liveness
+        (the checkpointed processes still there a few seconds later) is checked afterwards
+        without holding the caller, unless ``wait_live``.
+
+        Args:
+            snapshot: the snapshot's id or name (a name resolves within ``scope``; the newest wins).
+            count: how many siblings, 1 .. the instance's slot count.
+            wait_live: return only after the liveness check passed.
+            expect_window: the window title to wait for (default: the snapshot's first window).
+            scope: where to resolve a name (default: any scope).
+            min_nonblank: the fraction of the screen's pixels, in [0, 1), that must differ from
+                the top-left one (0.0: any pixel).
+
+        Returns:
+            The :class:`~drums_core.records.Session` of each sibling, in no particular order.
+
+        Raises:
+            InvalidArgument: ``BAD_COUNT``, ``BAD_NONBLANK``, ``BAD_WINDOW``, ``INVALID_NAME``.
+            NotFound: ``SNAPSHOT_NOT_FOUND`` (unknown, or evicted: ``detail["evicted"]`` says when).
+            FailedPrecondition: ``SNAPSHOT_OTHER_BOOT`` (taken before the host rebooted),
+                ``IMAGE_MISMATCH``, ``SNAPSHOT_PREDATES_IMAGES``, ``ID_BASE_MISMATCH`` (its image
+                is gone or changed).
+            Unavailable: ``NO_SLOT``, ``RESTORE_FAILED``, ``RESEED_FAILED``, ``NOT_READY``,
+                ``SESSION_DIED``: every sibling was rolled back; retrying is safe.
+            Internal: ``SNAPSHOT_BROKEN``, ``IMAGES_CORRUPT``, ``RETRIES_EXHAUSTED`` (3 retryable
+                failures in a row), ``LIVENESS_FAILED`` (with ``wait_live``: a process died).
+        """
+        return [Session.from_dict(s) for s in self.call(
+            "restore", snapshot=snapshot, count=count, wait_live=wait_live, expect_window=expect_window,
+            scope=scope, min_nonblank=min_nonblank)]
 
     def destroy(self, session: str) -> dict:
+        """Stop a session and remove everything it holds (processes, mounts, links, cgroup).
+
+        Returns:
+            What was removed: ``{"processes": n, "mounts": n, "links": n}``.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            InvalidArgument: ``INVALID_NAME``.
+            Busy: ``SESSION_BUSY`` (another operation held it for 30 s).
+        """
         return self.call("destroy", session=session)
 
-    def list(self) -> list[dict]:
-        return self.call("list")
+    def list(self) -> list[Session]:
+        """Every session of this daemon, broken ones included.
 
-    def get(self, session: str) -> dict:
-        return self.call("get", session=session)
+        Returns:
+            A :class:`~drums_core.records.Session` for each.
 
-    def wait_live(self, session: str, timeout: float = 30.0) -> dict:
-        return self.call("wait_live", session=session, timeout=timeout)
+        Raises:
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
+        """
+        return [Session.from_dict(s) for s in self.call("list")]
+
+    def get(self, session: str) -> Session:
+        """One session's current record (broken ones too: ``state`` ``BROKEN``, ``broken`` says why).
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            InvalidArgument: ``INVALID_NAME``.
+        """
+        return Session.from_dict(self.call("get", session=session))
+
+    def wait_live(self, session: str, timeout: float = 30.0) -> Session:
+        """Wait (up to ``timeout`` seconds) for a restored session's liveness verdict.
+
+        Returns:
+            The :class:`~drums_core.records.Session`; ``liveness`` is ``ok``, or still
+            ``unchecked`` when the timeout passed first.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            Internal: ``SESSION_BROKEN`` (the check failed: the message names the dead process).
+        """
+        return Session.from_dict(self.call("wait_live", session=session, timeout=timeout))
 
     def exec(self, session: str, argv: list[str], user: str | None = None, timeout: float = 120.0,
-             input: str | None = None) -> dict:
-        return self.call("exec", session=session, argv=argv, user=user, timeout=timeout, input=input)
+             input: str | None = None) -> ExecResult:
+        """Run a command inside a session (its namespaces, root and cgroup; ``DISPLAY=:0``).
+
+        Args:
+            session: the session's id.
+            argv: the command and its arguments (no shell).
+            user: ``None`` or ``"root"`` for root, ``"user"`` for the desktop user (uid 1000,
+                its home, D-Bus and runtime directory).
+            timeout: seconds before the command is killed.
+            input: text fed to its stdin.
+
+        Returns:
+            An :class:`~drums_core.records.ExecResult`: ``returncode``, ``stdout``, ``stderr``
+            (a failing command is a result, not an error).
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            InvalidArgument: ``BAD_COMMAND`` (empty or non-string argv), ``BAD_USER``.
+            Unavailable: ``EXEC_TIMEOUT``.
+            Internal: ``SESSION_BROKEN``.
+        """
+        return ExecResult.from_dict(self.call("exec", session=session, argv=argv, user=user, timeout=timeout,
+                                              input=input))
 
     def screenshot(self, session: str) -> bytes:
+        """The session's whole screen as PNG bytes.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            Unavailable: ``X_UNREACHABLE`` (its X server does not answer).
+            Internal: ``SESSION_BROKEN``.
+        """
         return self.call("screenshot", session=session)
 
-    def windows(self, session: str) -> list[dict]:
-        return self.call("windows", session=session)
+    def windows(self, session: str) -> list[Window]:
+        """The session's top-level X windows.
+
+        Returns:
+            A :class:`~drums_core.records.Window` (``id``, ``title``, ``wm_class``, ``mapped``) each.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+            Unavailable: ``X_UNREACHABLE``.
+            Internal: ``SESSION_BROKEN``.
+        """
+        return [Window.from_dict(w) for w in self.call("windows", session=session)]
 
     def memory(self, session: str) -> dict:
+        """The session's memory: ``{"pss_kib": total proportional set size, "processes": n}``.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+        """
         return self.call("memory", session=session)
 
-    def processes(self, session: str) -> list[dict]:
-        return self.call("processes", session=session)
+    def processes(self, session: str) -> list[Process]:
+        """The processes in the session's pid namespace, as :class:`~drums_core.records.Process` records.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND``.
+        """
+        return [Process.from_dict(p) for p in self.call("processes", session=session)]
 
     def audit(self, a: str, b: str) -> dict:
+        """What two sessions share (files, pipes, sockets, devices): ``{"shared": [{"kind",
+        "target", "harmless", ...}], ...}``; siblings of a branch should share only harmless ones.
+
+        Raises:
+            NotFound: ``SESSION_NOT_FOUND`` (either session).
+        """
         return self.call("audit", a=a, b=b)
 
-    def snapshots(self) -> list[dict]:
-        """Every snapshot, with ``location`` (memory/disk), ``last_used``, ``children`` and ``in_use``."""
-        return self.call("snapshots")
+    def snapshots(self) -> list[Snapshot]:
+        """Every snapshot in the store, oldest first.
+
+        Returns:
+            A :class:`~drums_core.records.Snapshot` each, with ``location`` (``memory`` or
+            ``disk``), ``last_used``, ``children`` and ``in_use`` (what holds it, or None).
+
+        Raises:
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
+        """
+        return [Snapshot.from_dict(s) for s in self.call("snapshots")]
 
     def store(self) -> dict:
-        """The store's budget and use, and its recent evictions and spills (see drums_core.storebudget)."""
+        """The snapshot store's budget and use (``budget``, ``used``, ``on_disk``, ``snapshots``,
+        ``spilled``, ...) and its ``recent`` evictions and spills (see drums_core.storebudget).
+
+        Raises:
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
+        """
         return self.call("store")
 
-    def snapshot(self, ref: str, scope: str | None = None) -> dict:
-        return self.call("snapshot", snapshot=ref, scope=scope)
+    def snapshot(self, ref: str, scope: str | None = None) -> Snapshot:
+        """One snapshot, by id or by name (the newest of that name within ``scope``, or anywhere).
+
+        Raises:
+            NotFound: ``SNAPSHOT_NOT_FOUND``.
+            FailedPrecondition: ``SNAPSHOT_OTHER_BOOT`` (taken before the host rebooted).
+            InvalidArgument: ``INVALID_NAME``.
+        """
+        return Snapshot.from_dict(self.call("snapshot", snapshot=ref, scope=scope))
 
     def spill_snapshot(self, ref: str) -> dict:
-        """Move a snapshot nothing uses to the instance's spill directory on disk now."""
+        """Move a snapshot nothing uses to the instance's spill directory on disk now.
+
+        Returns:
+            The store journal's entry: ``action`` (``spilled`` or ``already on disk``), ``id``,
+            ``name``, ``size``, ...
+
+        Raises:
+            NotFound: ``SNAPSHOT_NOT_FOUND``.
+            FailedPrecondition: ``SPILL_DISABLED``, ``SNAPSHOT_IN_USE``, ``SPILL_FAILED``.
+        """
         return self.call("spill_snapshot", snapshot=ref)
 
     def delete_snapshot(self, ref: str) -> dict:
+        """Delete a snapshot (by id or name) that nothing uses.
+
+        Returns:
+            ``{"deleted": id}``.
+
+        Raises:
+            NotFound: ``SNAPSHOT_NOT_FOUND``.
+            FailedPrecondition: ``SNAPSHOT_IN_USE`` (a session runs on it, or a snapshot stacks on it).
+            InvalidArgument: ``INVALID_NAME``.
+        """
         return self.call("delete_snapshot", snapshot=ref)
 
     def stats(self) -> dict:
+        """The daemon's counters: ``{"counters": {...}, "sessions": n, "run": id}``.
+
+        Raises:
+            Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
+                ``TIMEOUT`` (see :meth:`call`).
+        """
         return self.call("stats")
 
     def shutdown(self, destroy_sessions: bool = False, wait: float = 30.0) -> None:
+        """Stop the daemon (nothing to do when none runs) and wait up to ``wait`` seconds for it to exit.
+
+        Args:
+            destroy_sessions: destroy every session first; otherwise sessions outlive the daemon
+                and the next daemon adopts them.
+
+        Raises:
+            Unavailable: the transport's reasons other than ``DAEMON_DIED`` (a daemon that exits
+                before its reply is flushed is a success).
+        """
         try:
             pid = self.call("ping")["pid"]
         except DrumsError:

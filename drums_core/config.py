@@ -55,26 +55,32 @@ class Instance:
 
     @property
     def state_dir(self) -> Path:
+        """This instance's state directory (snapshots, sessions, ledger), ``<state_root>/<name>``."""
         return self.state_root / self.name
 
     @property
     def socket(self) -> Path:
+        """The daemon's unix socket."""
         return self.state_dir / "drumsd.sock"
 
     @property
     def ledger_root(self) -> Path:
+        """Where the daemon's runs record what they own (the sweep's input)."""
         return self.state_dir / "ledger"
 
     @property
     def sessions_dir(self) -> Path:
+        """The sessions' directories (roots, uppers, CRIU work)."""
         return self.state_dir / "sessions"
 
     @property
     def snapshots_dir(self) -> Path:
+        """The snapshot store."""
         return self.state_dir / "snapshots"
 
     @property
     def images_dir(self) -> Path:
+        """The instance's own image directory."""
         return self.state_dir / "images"
 
     # Beside the state directory, not in it: the state directory is a tmpfs of its own that a
@@ -106,6 +112,8 @@ class Instance:
 
 
 def instance_from_env() -> Instance:
+    """The instance the environment names: ``DRUMS_INSTANCE`` (default ``default``), ``DRUMS_SLOT_BASE``
+    (0) and ``DRUMS_SLOT_COUNT`` (64). Raises ``InvalidArgument`` ``INVALID_NAME`` for a bad name."""
     name = os.environ.get("DRUMS_INSTANCE", "default")
     base = int(os.environ.get("DRUMS_SLOT_BASE", "0"))
     count = int(os.environ.get("DRUMS_SLOT_COUNT", "64"))

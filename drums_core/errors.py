@@ -22,6 +22,10 @@ from typing import Any
 
 
 class DrumsError(Exception):
+    """The base of every error Drums raises: ``code`` names the class on the wire, ``reason`` is a
+    stable machine-readable cause (``SESSION_NOT_FOUND``...), ``message`` says it for people and
+    ``detail`` carries a tool's own output where one failed (CRIU's log lines, ...)."""
+
     code = "INTERNAL"
     default_reason = "INTERNAL"
 
@@ -32,6 +36,7 @@ class DrumsError(Exception):
         self.detail = detail
 
     def to_wire(self) -> dict[str, Any]:
+        """The error as it travels over the daemon's socket (``from_wire`` rebuilds it)."""
         return {"code": self.code, "reason": self.reason, "message": self.message, "detail": self.detail}
 
     def __str__(self) -> str:
@@ -84,5 +89,6 @@ _BY_CODE = {cls.code: cls for cls in (Unavailable, Busy, FailedPrecondition, Not
 
 
 def from_wire(payload: dict[str, Any]) -> DrumsError:
+    """Rebuild the error a ``to_wire`` payload describes (an unknown code becomes :class:`Internal`)."""
     cls = _BY_CODE.get(payload.get("code", ""), Internal)
     return cls(payload.get("message", "unknown error"), reason=payload.get("reason"), detail=payload.get("detail"))

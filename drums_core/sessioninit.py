@@ -4,7 +4,8 @@ Started by :mod:`drums_core.launch` inside the new namespaces with ``--tag drums
 (the ledger's ownership mark). It reads the session spec from ``/etc/drums/session.json`` in the
 session root, brings up loopback, writes the user's X authority, then starts, in order: Xvfb on
 ``:0``, the window manager, the system D-Bus (when the spec asks), the session D-Bus (where dbus is
-installed) with the AT-SPI bus (when the spec asks for accessibility), and the spec's programs, each with the spec's ``env`` over the user's environment. CRIU dumps and restores this
+installed) with the AT-SPI bus (when the spec asks for accessibility), and the spec's programs, each
+with the spec's ``env`` over the user's environment. CRIU dumps and restores this
 process with the rest of the tree; after a restore it simply goes on reaping.
 """
 from __future__ import annotations

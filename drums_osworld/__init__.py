@@ -1,22 +1,79 @@
 """OSWorld and gymnasium adapters for Drums, and the guest server that runs inside each desktop.
 
-``import drums_osworld`` registers ``drums/Desktop-v0`` with gymnasium and arranges that OSWorld's
-``DesktopEnv(provider_name="drums")`` works whenever ``desktop_env`` is (or later gets) imported.
-Both are cheap: neither imports OSWorld nor boots anything. ``register()`` does the OSWorld part
-explicitly (and patches an already-imported ``desktop_env`` at once).
+``import drums_osworld`` registers ``drums/Desktop-v0`` (``ENV_ID``) with gymnasium and arranges
+that OSWorld's ``DesktopEnv(provider_name="drums")`` works whenever ``desktop_env`` is (or later
+gets) imported. Both are cheap: neither imports OSWorld nor boots anything. ``register()`` does the
+OSWorld part explicitly (and patches an already-imported ``desktop_env`` at once).
+
+Public names (the classes and functions load on first use, so ``import drums_osworld`` stays light:
+no OSWorld, Ray or torch):
+
+- gymnasium: ``ENV_ID``, :class:`DrumsDesktopEnv` (``gymnasium.make("drums_osworld:drums/Desktop-v0",
+  task=...)``), :func:`run_rollouts` (N scripted branches of one saved state);
+- OSWorld: :func:`register`, :class:`DrumsProvider` and :class:`DrumsVMManager` (what
+  ``DesktopEnv(provider_name="drums")`` runs on), :func:`set_reuse_mode` / :class:`ReuseMode`
+  (``none`` or ``post_setup``), :func:`branch` / :func:`saved_state` (sibling ``DesktopEnv``s of
+  a state saved mid-task);
+- desktops and tasks: :class:`Desktop` and :func:`desktop_spec` (an OSWorld desktop on a Drums
+  session), :class:`GuestClient` (its guest server), :class:`Task`, :func:`load_task`,
+  :func:`find_task`, :func:`list_tasks`, :class:`TaskError`, :func:`evaluate` (a task's
+  evaluator on a desktop).
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+# public name -> module it lives in (imported on first access: see __getattr__)
+_LAZY = {
+    "ENV_ID": "drums_osworld.gym_env",
+    "DrumsDesktopEnv": "drums_osworld.gym_env",
+    "run_rollouts": "drums_osworld.rollouts",
+    "DrumsProvider": "drums_osworld.provider.provider",
+    "DrumsVMManager": "drums_osworld.provider.provider",
+    "set_reuse_mode": "drums_osworld.snapshot.reuse",
+    "ReuseMode": "drums_osworld.snapshot.reuse",
+    "branch": "drums_osworld.snapshot.branch",
+    "saved_state": "drums_osworld.snapshot.branch",
+    "Desktop": "drums_osworld.desktop",
+    "desktop_spec": "drums_osworld.desktop",
+    "GuestClient": "drums_osworld.guest_client",
+    "Task": "drums_osworld.tasks",
+    "TaskError": "drums_osworld.tasks",
+    "load_task": "drums_osworld.tasks",
+    "find_task": "drums_osworld.tasks",
+    "list_tasks": "drums_osworld.tasks",
+    "evaluate": "drums_osworld.evaluation.evaluate",
+}
+
+__all__ = ["register", *_LAZY]
+
 
 def register() -> None:
-    """Make ``DesktopEnv(provider_name="drums")`` work in OSWorld 1.0.2 (idempotent)."""
+    """Make ``DesktopEnv(provider_name="drums")`` work in OSWorld 1.0.2 (idempotent).
+
+    Patches an already-imported ``desktop_env`` at once; without it, ``import drums_osworld``'s
+    import hook does the same when ``desktop_env`` is imported later. Raises ``ImportError`` when
+    OSWorld (``desktop-env``) is not installed."""
     from .provider.registration import register as _register
 
     _register()
 
 
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses do not come here again
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def _on_import() -> None:
-    import importlib
     import importlib.util
 
     # Inside a desktop (the guest server) neither OSWorld nor gymnasium is installed: skip what needs them.

@@ -33,6 +33,7 @@ from typing import Any
 
 from drums_core.config import Instance, check_name
 from drums_core.errors import DrumsError, Unavailable
+from drums_core.records import json_default
 
 from .tasks import find_task, load_task
 
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo failed: {exc.code}: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result, indent=1, default=str))
+        print(json.dumps(result, indent=1, default=json_default))
     return 0 if result.get("as_scripted") else 1
 
 

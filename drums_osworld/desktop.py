@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from drums_core.client import Client
+from drums_core.records import Session, Snapshot
 from drums_core.config import GUEST_PYTHON
 
 from . import image as osworld_image
@@ -46,7 +47,7 @@ class Desktop:
     """One live desktop: ``session`` is the daemon's record of it, ``guest`` talks to its server."""
 
     client: Client
-    session: dict
+    session: Session
     guest: GuestClient = field(init=False)
     closed: bool = field(default=False, init=False)
 
@@ -55,32 +56,37 @@ class Desktop:
 
     @property
     def id(self) -> str:
+        """The session id."""
         return self.session["id"]
 
     @property
     def address(self) -> str:
+        """The guest's address (reachable from the host only)."""
         return self.session["address"]
 
     @property
     def screen(self) -> tuple[int, int]:
+        """The screen size, ``(width, height)``."""
         w, h = self.session["spec"]["screen"]
         return int(w), int(h)
 
     @classmethod
     def boot(cls, client: Client | None = None, screen: tuple[int, int] = (1920, 1080),
              image: str = DEFAULT_IMAGE) -> "Desktop":
+        """Boot a cold desktop of ``image`` (the daemon's errors as :meth:`drums_core.Client.create` raises them)."""
         client = client or Client()
         return cls(client, client.create(desktop_spec(screen, image)))
 
     @classmethod
     def restore(cls, client: Client, snapshot: str, count: int = 1, expect_window: str | None = None,
                 wait_live: bool = False, scope: str | None = None) -> list["Desktop"]:
+        """``count`` sibling desktops of ``snapshot`` (arguments and errors: :meth:`drums_core.Client.restore`)."""
         sessions = client.restore(snapshot, count=count, expect_window=expect_window, wait_live=wait_live,
                                   scope=scope)
         return [cls(client, s) for s in sessions]
 
     def checkpoint(self, name: str | None = None, leave_running: bool = True, scope: str | None = None,
-                   snapshot_id: str | None = None) -> dict:
+                   snapshot_id: str | None = None) -> Snapshot:
         """Checkpoint this desktop. With ``leave_running`` it goes on (same id and address) afterwards."""
         snap = self.client.checkpoint(self.id, name=name, leave_running=leave_running, scope=scope,
                                       snapshot_id=snapshot_id)
@@ -90,14 +96,17 @@ class Desktop:
             self.closed = True
         return snap
 
-    def refresh(self) -> dict:
+    def refresh(self) -> Session:
+        """Fetch the session's record again (``NotFound`` when it is gone)."""
         self.session = self.client.get(self.id)
         return self.session
 
     def reseed_draw(self) -> int:
+        """A number from the guest server's RNG (siblings of one snapshot draw different ones)."""
         return int(self.guest._request("POST", "/drums/reseed").json()["draw"])
 
     def close(self) -> None:
+        """Destroy the desktop (idempotent)."""
         if self.closed:
             return
         self.closed = True

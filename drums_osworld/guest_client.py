@@ -172,6 +172,7 @@ class GuestClient:
         return f"GuestClient({self.base_url!r})"
 
     def close(self) -> None:
+        """Close the HTTP session (when this client made it)."""
         if self._own_session:
             self._session.close()
 
@@ -268,10 +269,14 @@ class GuestClient:
         return self._post_json("/setup/open_file", {"path": path}, timeout=timeout).text
 
     def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> str:
+        """Raise and focus the window named ``window_name`` (its title, or WM class with ``by_class``);
+        returns the server's answer."""
         return self._post_json("/setup/activate_window",
                                {"window_name": window_name, "strict": strict, "by_class": by_class}).text
 
     def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> str:
+        """Close the window named ``window_name`` (its title, or WM class with ``by_class``); returns the
+        server's answer."""
         return self._post_json("/setup/close_window",
                                {"window_name": window_name, "strict": strict, "by_class": by_class}).text
 

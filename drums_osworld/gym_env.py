@@ -481,14 +481,17 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
 
     @property
     def session_id(self) -> str | None:
+        """The Drums session id of the current desktop (None before ``reset()`` and after ``close()``)."""
         return self._desktop.id if self._desktop is not None else None
 
     @property
     def step_count(self) -> int:
+        """Steps taken in the current episode."""
         return self._step_no
 
     @property
     def action_history(self) -> list[Any]:
+        """The actions of the current episode so far (a copy)."""
         return list(self._history)
 
     @property

@@ -163,18 +163,22 @@ class Task:
 
     @property
     def id(self) -> str:
+        """The task's id."""
         return self.raw["id"]
 
     @property
     def instruction(self) -> str:
+        """What the agent is asked to do."""
         return self.raw["instruction"]
 
     @property
     def config(self) -> list[dict[str, Any]]:
+        """The task's setup steps (empty when it has none)."""
         return self.raw.get("config", [])
 
     @property
     def evaluator(self) -> dict[str, Any]:
+        """The task's evaluator section (``func``, ``result``, ``expected``, ...)."""
         return self.raw["evaluator"]
 
     @property
@@ -186,10 +190,12 @@ class Task:
 
     @property
     def solution(self) -> list[str] | None:
+        """Drums' reference solution (pyautogui code per step), if the task has one."""
         return self.raw.get("drums_solution")
 
     @property
     def wrong_solution(self) -> list[str] | None:
+        """A solution that must score 0, if the task has one."""
         return self.raw.get("drums_wrong_solution")
 
     def to_dict(self) -> dict[str, Any]:

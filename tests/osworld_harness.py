@@ -155,8 +155,13 @@ _MARK = "@@DRUMS-OSWORLD-JSON@@ "
 
 BOOTSTRAP = textwrap.dedent('''\
     import json as _json, sys as _sys
+    def _emit_default(obj):
+        # Drums' records (drums_core.records) go as the daemon's JSON; anything else as its repr
+        if type(obj).__module__ == "drums_core.records" and hasattr(obj, "to_dict"):
+            return obj.to_dict()
+        return repr(obj)
     def emit(obj):
-        _sys.stdout.write({mark!r} + _json.dumps(obj, default=repr) + "\\n")
+        _sys.stdout.write({mark!r} + _json.dumps(obj, default=_emit_default) + "\\n")
         _sys.stdout.flush()
 ''').format(mark=_MARK)
 

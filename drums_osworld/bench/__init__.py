@@ -36,6 +36,8 @@ import json
 import sys
 from pathlib import Path
 
+from drums_core.records import json_default
+
 SUITES = {
     "branch": ("branch", "run_branch"),
     "checkpoint": ("branch", "run_checkpoint"),
@@ -121,5 +123,5 @@ def main(argv: list[str] | None = None) -> int:
             print(report.markdown(res))
             print(f"(written: {', '.join(res['files'].values())})\n")
     if opts.json:
-        print(json.dumps(results[0] if len(results) == 1 else results, indent=1, default=str))
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=1, default=json_default))
     return rc

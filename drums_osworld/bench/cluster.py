@@ -33,6 +33,7 @@ from pathlib import Path
 
 from drums_core.config import Instance, check_name
 from drums_core.errors import DrumsError
+from drums_core.records import json_default
 
 from . import common
 from ..progress import progress
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report.write(res, opts.out or common.DEFAULT_OUT)
     if opts.json:
-        print(json.dumps(res, indent=1, default=str))
+        print(json.dumps(res, indent=1, default=json_default))
     else:
         print(report.markdown(res))
         print(f"(written: {', '.join(res['files'].values())})")

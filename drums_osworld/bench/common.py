@@ -373,8 +373,7 @@ def writer_checkpoint(client: Client, name: str = "writer-post-setup") -> dict:
     desk = res["desktop"]
     time.sleep(0.5)  # let LibreOffice settle after the setup's last step
     snap = desk.checkpoint(name=name, leave_running=False)
-    snap["_boot"] = {k: res[k] for k in ("boot", "setup", "ready")}
-    return snap
+    return {**snap.to_dict(), "_boot": {k: res[k] for k in ("boot", "setup", "ready")}}
 
 
 def restore_ready(client: Client, snapshot: str, count: int = 1, timeout: float = 120.0,

@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from drums_core.records import json_default
+
 
 def _cell(v: Any) -> str:
     if v is None:
@@ -139,6 +141,6 @@ def write(result: dict, out_dir: Path) -> dict:
     if png is None:
         paths.pop("png")
     result["files"] = {k: str(v) for k, v in paths.items()}
-    paths["json"].write_text(json.dumps(result, indent=1, default=str) + "\n")
+    paths["json"].write_text(json.dumps(result, indent=1, default=json_default) + "\n")
     paths["markdown"].write_text(markdown(result))
     return result["files"]

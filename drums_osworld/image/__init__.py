@@ -60,7 +60,8 @@ COMMANDS = (
     "/etc/dconf/db/local.d/00-drums && dconf update",
     # ctrl+alt+t opens a terminal, as on OSWorld's Ubuntu
     "python3 -c \"import re,pathlib; p=pathlib.Path('/etc/xdg/openbox/rc.xml'); s=p.read_text(); "
-    "k='<keybind key=\\\"C-A-t\\\"><action name=\\\"Execute\\\"><command>x-terminal-emulator</command></action></keybind>'; "
+    "k='<keybind key=\\\"C-A-t\\\"><action name=\\\"Execute\\\">"
+    "<command>x-terminal-emulator</command></action></keybind>'; "
     "p.write_text(s if 'C-A-t' in s else s.replace('<keyboard>', '<keyboard>'+k, 1))\"",
     "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper",
     # the user's own settings: VLC's web interface, Chrome's profile folder, no keyring prompt
@@ -135,7 +136,8 @@ def desktop_extras() -> dict:
     """What a desktop of this image adds to the session spec: the system bus (timedatectl), the
     AT-SPI bus with toolkits exporting to it (LibreOffice through its GTK3 front end), PulseAudio."""
     return {"system_bus": True, "accessibility": True,
-            "env": {"LANG": "en_US.UTF-8", "SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_TYPE": "x11",
+            "env": {"LANG": "en_US.UTF-8", "SAL_USE_VCLPLUGIN": "gtk3", "XDG_CURRENT_DESKTOP": "GNOME",
+                    "XDG_SESSION_TYPE": "x11",
                     "GTK_MODULES": "gail:atk-bridge", "ACCESSIBILITY_ENABLED": "1",
                     "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", **MOZILLA_NO_SANDBOX},
             "programs": [{"name": "pulseaudio", "argv": PULSEAUDIO}]}

@@ -74,25 +74,32 @@ class DrumsVMManager(_VMManagerBase):
         pass
 
     def initialize_registry(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: Drums keeps no VM registry."""
         pass
 
     def add_vm(self, vm_path: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: any number of desktops run from one image path."""
         pass
 
     def delete_vm(self, vm_path: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: desktops are deleted by their provider."""
         pass
 
     def occupy_vm(self, vm_path: str, pid: int, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: an image path is never occupied."""
         pass
 
     def list_free_vms(self, *args: Any, **kwargs: Any) -> list[str]:
+        """The one path OSWorld should use: the default ``drums://`` image path."""
         return [DEFAULT_PATH]
 
     def check_and_clean(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do: orphaned desktops are reclaimed by the leases' watchdog."""
         pass
 
     def get_vm_path(self, os_type: str = "Ubuntu", region: str | None = None,
                     screen_size: tuple[int, int] = (1920, 1080), *args: Any, **kwargs: Any) -> str:
+        """The default ``drums://`` image path (``InvalidArgument`` ``BAD_OS_TYPE`` for a non-Linux ``os_type``)."""
         _check_os(os_type)
         return DEFAULT_PATH
 
@@ -134,11 +141,13 @@ class DrumsProvider(_ProviderBase):
     # ------------------------------------------------------------------ plumbing
     @property
     def client(self) -> Client:
+        """The :class:`drums_core.Client` this provider's desktops come from (connected on first use)."""
         if self._client is None:
             self._client = connect()
         return self._client
 
     def image_ref(self, path_to_vm: str | None = None) -> ImageRef:
+        """The image, screen and network of the desktops of ``path_to_vm`` (default: this provider's)."""
         return ImageRef(parse_path(path_to_vm if path_to_vm is not None else self.path_to_vm), self.screen,
                         self.network)
 
@@ -200,6 +209,7 @@ class DrumsProvider(_ProviderBase):
     # ------------------------------------------------------------------ pristine tracking
     @property
     def session_snapshot(self) -> str | None:
+        """The snapshot the current desktop was restored from (None for a cold boot)."""
         return self._session_from
 
     def is_pristine_from(self, snapshot_id: str) -> bool:
@@ -217,6 +227,7 @@ class DrumsProvider(_ProviderBase):
         return self._pristine
 
     def mark_used(self) -> None:
+        """Note that the current desktop was acted on: a later reset reverts it instead of reusing it."""
         self._pristine = False
 
     @contextlib.contextmanager
@@ -288,6 +299,8 @@ class DrumsProvider(_ProviderBase):
                  self.timings["start"])
 
     def get_ip_address(self, path_to_vm: str | None = None, *args: Any, **kwargs: Any) -> str:
+        """``ip:server_port:chromium_port:vnc_port:vlc_port`` of the running desktop, as OSWorld parses it
+        (``Unavailable`` ``NOT_STARTED`` when none runs)."""
         if self.desktop is None or self.desktop.closed:
             raise Unavailable("the Drums desktop is not running (start_emulator first)", reason="NOT_STARTED")
         return (f"{self.desktop.address}:{GUEST_PORT}:{PORTS['chromium']}:{PORTS['vnc']}:{PORTS['vlc']}")
@@ -328,6 +341,7 @@ class DrumsProvider(_ProviderBase):
         return None
 
     def revert_to_id(self, snapshot_id: str) -> None:
+        """Destroy the current desktop; the next start restores snapshot ``snapshot_id``."""
         t0 = time.monotonic()
         self._stop_desktop()
         self._next = snapshot_id

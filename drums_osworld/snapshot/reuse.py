@@ -36,11 +36,15 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,100}$")
 
 
 class ReuseMode(str, enum.Enum):
+    """How ``env.reset`` reuses desktops: ``none`` (revert to ``init_state`` and run the setup every time)
+    or ``post_setup`` (restore the state saved after the task's setup the first time)."""
+
     NONE = "none"
     POST_SETUP = "post_setup"
 
     @classmethod
     def parse(cls, value: "str | ReuseMode | None") -> "ReuseMode":
+        """The mode named by ``value`` (None or empty: ``NONE``); ``InvalidArgument`` for an unknown name."""
         if value is None or value == "":
             return cls.NONE
         try:
