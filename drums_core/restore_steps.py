@@ -30,16 +30,13 @@ from .errors import DrumsError, Internal, Unavailable
 log = logging.getLogger("drums.restore")
 
 
-class RestoreStep(str, enum.Enum):
+class RestoreStep(enum.StrEnum):
     PREPARE_ROOT = "prepare-root"
     CRIU = "criu"
     NETWORK = "network"
     RESEED = "reseed"
     READINESS = "readiness"
     LIVENESS = "liveness"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # the attribute an exception leaving a step carries (the first step it left wins)

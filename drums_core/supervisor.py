@@ -43,15 +43,12 @@ log = logging.getLogger("drums.supervisor")
 RETRY_LIMIT = 3
 
 
-class Liveness(str, enum.Enum):
+class Liveness(enum.StrEnum):
     """Whether a restored session's settled processes outlived the restore (see ``SETTLED_AGE``)."""
 
     UNCHECKED = "unchecked"
     OK = "ok"
     FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class _Background:

@@ -105,7 +105,7 @@ def _fault(window: str) -> None:
 # reports
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(enum.StrEnum):
     """What the sweep did to one run (see :class:`RunReport`); serialises as its value."""
 
     PENDING = "pending"
@@ -117,9 +117,6 @@ class RunStatus(str, enum.Enum):
     BUSY = "busy"
     ABSENT = "absent"
     DRY_RUN = "dry-run"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

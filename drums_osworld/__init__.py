@@ -21,8 +21,7 @@ no OSWorld, Ray or torch):
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from drums_core.lazy import lazy_exports
 
 # public name -> module it lives in (imported on first access: see __getattr__)
 _LAZY = {
@@ -60,17 +59,7 @@ def register() -> None:
     _register()
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later accesses do not come here again
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
 
 
 def _on_import() -> None:
