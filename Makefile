@@ -7,7 +7,7 @@ PYTHON := /opt/drums/venv/bin/python
 .PHONY: demo test
 
 demo:
-	cd $(ROOT) && scripts/provision && $(PYTHON) -m drums_osworld.demo
+	cd $(ROOT) && scripts/provision && $(PYTHON) -m drums_osworld.apps.demo
 
 test:
 	cd $(ROOT) && scripts/provision && $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60 tests

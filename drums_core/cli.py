@@ -191,10 +191,10 @@ def _output_file(text: str) -> str:
 # Commands whose options are parsed by their own module (on use only: drums_core never imports
 # drums_osworld at module level): name -> (module, function building its parser, function to run).
 PASSTHROUGH = {
-    "doctor": ("drums_core.doctor", "build_parser", "main"),
-    "image": ("drums_core.images", "build_parser", "main"),
+    "doctor": ("drums_core.host.doctor", "build_parser", "main"),
+    "image": ("drums_core.host.images", "build_parser", "main"),
     "bench": ("drums_osworld.bench", "_parser", "main"),
-    "rollouts": ("drums_osworld.rollouts", "build_parser", "main"),
+    "rollouts": ("drums_osworld.apps.rollouts", "build_parser", "main"),
 }
 # Global options each passthrough command takes from `drums` (the others it ignores).
 _PASSED_GLOBALS = {"bench": ("instance", "slot_base"), "rollouts": ("instance",)}
@@ -367,7 +367,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     except (DrumsError, ValueError) as exc:  # $DRUMS_INSTANCE, $DRUMS_SLOT_BASE or $DRUMS_SLOT_COUNT
         parser.error(f"bad instance settings in the environment: {exc}")
     if args.cmd == "up":
-        from .netpolicy import from_options
+        from .session.netpolicy import from_options
 
         try:
             args.network_spec = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
@@ -481,7 +481,7 @@ def _run(args, client: Client) -> int:
 
 
 def _purge(args, instance) -> int:
-    from .purge import plan_purge, purge
+    from .daemon.purge import plan_purge, purge
 
     plan = plan_purge(instance)
     if not args.json:
@@ -505,7 +505,7 @@ def _purge(args, instance) -> int:
 def _sweep(args, instance) -> int:
     from pathlib import Path
 
-    from .sweep import sweep
+    from .sweep.sweep import sweep
 
     root = Path(args.ledger) if args.ledger else instance.ledger_root
     report = sweep(root, run=args.run, dry_run=args.dry_run, only_dead=not args.force,

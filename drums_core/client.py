@@ -225,7 +225,7 @@ class Client:
         """Boot a cold desktop session and return it once it is ready.
 
         Args:
-            spec: the session spec (fields of ``drums_core.supervisor.SessionSpec``: ``image``,
+            spec: the session spec (fields of ``drums_core.session.supervisor.SessionSpec``: ``image``,
                 ``screen``, ``programs``, ``wait_port``, ``expect_window``, ``network``,
                 ``limits``, ...); default: a bare desktop of the ``default`` image.
 
@@ -450,7 +450,7 @@ class Client:
 
     def store(self) -> dict:
         """The snapshot store's budget and use (``budget``, ``used``, ``on_disk``, ``snapshots``,
-        ``spilled``, ...) and its ``recent`` evictions and spills (see drums_core.storebudget).
+        ``spilled``, ...) and its ``recent`` evictions and spills (see drums_core.store.budget).
 
         Raises:
             Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
@@ -524,7 +524,7 @@ class Client:
             if exc.reason != "DAEMON_DIED":  # it may exit before its reply is flushed
                 raise
         deadline = time.monotonic() + wait
-        from .sessionprocs import is_alive
+        from .session.processes import is_alive
 
         while time.monotonic() < deadline and is_alive(pid):
             time.sleep(0.02)

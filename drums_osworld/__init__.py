@@ -25,9 +25,9 @@ from drums_core.lazy import lazy_exports
 
 # public name -> module it lives in (imported on first access: see __getattr__)
 _LAZY = {
-    "ENV_ID": "drums_osworld.gym_env",
-    "DrumsDesktopEnv": "drums_osworld.gym_env",
-    "run_rollouts": "drums_osworld.rollouts",
+    "ENV_ID": "drums_osworld.gym.env",
+    "DrumsDesktopEnv": "drums_osworld.gym.env",
+    "run_rollouts": "drums_osworld.apps.rollouts",
     "DrumsProvider": "drums_osworld.provider.provider",
     "DrumsVMManager": "drums_osworld.provider.provider",
     "set_reuse_mode": "drums_osworld.snapshot.reuse",
@@ -36,7 +36,7 @@ _LAZY = {
     "saved_state": "drums_osworld.snapshot.branch",
     "Desktop": "drums_osworld.desktop",
     "desktop_spec": "drums_osworld.desktop",
-    "GuestClient": "drums_osworld.guest_client",
+    "GuestClient": "drums_osworld.guest.client",
     "Task": "drums_osworld.tasks",
     "TaskError": "drums_osworld.tasks",
     "load_task": "drums_osworld.tasks",
@@ -67,7 +67,7 @@ def _on_import() -> None:
 
     # Inside a desktop (the guest server) neither OSWorld nor gymnasium is installed: skip what needs them.
     for module, hook, needs in (("drums_osworld.provider.registration", "install_import_hook", None),
-                                ("drums_osworld.gym_env", "register_envs", "gymnasium")):
+                                ("drums_osworld.gym.env", "register_envs", "gymnasium")):
         try:
             present = importlib.util.find_spec(module) is not None and (
                 needs is None or importlib.util.find_spec(needs) is not None)

@@ -4,8 +4,8 @@ An action is pyautogui code (a ``str``), one of :data:`SPECIAL_ACTIONS` (``"WAIT
 ``"FAIL"``), or a dict as OSWorld accepts it (``{"action_type": "DONE"}`` or ``{"command": code}``).
 :func:`parse` turns one into an :class:`Action` or raises :class:`InvalidAction`; :func:`run` runs
 one as OSWorld 1.0.2's ``DesktopEnv.step`` does; :func:`run_script` runs a list of them, all
-parsed before any runs. The gym env (:mod:`drums_osworld.gym_env`) and the Ray node agent
-(:mod:`drums_osworld.ray_node`) both act through this module.
+parsed before any runs. The gym env (:mod:`drums_osworld.gym.env`) and the Ray node agent
+(:mod:`drums_osworld.farm.node`) both act through this module.
 
 Imports nothing heavy at module level: ``import drums_osworld`` and every guest server's start-up
 import the gym env, which imports this module.
@@ -111,7 +111,7 @@ def fix_pyautogui_less_than(code: str) -> str:
 
 
 def run(guest: Any, action: Action, pause: float) -> dict[str, Any] | None:
-    """Run ``action`` on ``guest`` (a :class:`~drums_osworld.guest_client.GuestClient`) as ``DesktopEnv.step`` does.
+    """Run ``action`` on ``guest`` (a :class:`~drums_osworld.guest.client.GuestClient`) as ``DesktopEnv.step`` does.
 
     ``WAIT`` sleeps ``pause``; ``DONE`` and ``FAIL`` run nothing; code runs through the guest's
     ``/execute`` after :func:`fix_pyautogui_less_than`. Every action is followed by a ``pause``.
@@ -119,7 +119,7 @@ def run(guest: Any, action: Action, pause: float) -> dict[str, Any] | None:
     action. A guest call that fails is logged and gives ``returncode`` ``None`` with the failure as
     ``error``: OSWorld's controller logs these and goes on, the agent sees the screen as it is.
     """
-    from .guest_client import GuestHTTPError, GuestTimeout
+    from .guest.client import GuestHTTPError, GuestTimeout
 
     result: dict[str, Any] | None = None
     if action.kind == "WAIT":

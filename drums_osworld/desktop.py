@@ -15,7 +15,7 @@ from drums_core.records import Session, Snapshot
 from drums_core.config import GUEST_PYTHON
 
 from . import image as osworld_image
-from .guest_client import GuestClient
+from .guest.client import GuestClient
 
 log = logging.getLogger("drums.osworld.desktop")
 

@@ -22,7 +22,7 @@ for p in (str(REPO), str(REPO / "tests")):
         sys.path.insert(0, p)
 
 from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
-from drums_core.hoststate import instance_leaks  # noqa: E402 - the suite's own leak check below
+from drums_core.host.hoststate import instance_leaks  # noqa: E402 - the suite's own leak check below
 
 # Slot ranges of concurrent test runs (and of other daemons on this host) must not overlap.
 # The suite's own daemon gets the first 32 slots of this run's range; tests that need another
@@ -43,7 +43,7 @@ def require_root() -> None:
 
 def host_leaks(state_dir: Path | None = None) -> dict:
     """What Drums could have left on this host: tagged processes, mounts, links, tables, X links."""
-    from drums_core.procs import scan_processes
+    from drums_core.host.procs import scan_processes
 
     procs = [(p.pid, tag) for p in scan_processes().values() if not p.zombie
              for tag in p.tags if tag.startswith("drums:")]
@@ -83,12 +83,12 @@ def drums_instance():
 def stop_instance(instance: Instance) -> dict:
     """Stop the instance's daemon (destroying its sessions), sweep dead ledgers, unmount its state."""
     from drums_core.client import Client
-    from drums_core.storebudget import DEFAULT_SPILL_ROOT
-    from drums_core.sweep import sweep_instance
+    from drums_core.store.budget import DEFAULT_SPILL_ROOT
+    from drums_core.sweep.sweep import sweep_instance
 
     Client(instance, autostart=False).shutdown(destroy_sessions=True)
     report = sweep_instance(instance)["sweep"]
-    # snapshots the store spilled to disk belonged to the tmpfs just unmounted (drums_core.storebudget)
+    # snapshots the store spilled to disk belonged to the tmpfs just unmounted (drums_core.store.budget)
     shutil.rmtree(DEFAULT_SPILL_ROOT / instance.name, ignore_errors=True)
     instance.log_file.unlink(missing_ok=True)
     return report

@@ -1,7 +1,7 @@
 """Test-only stand-in for a desktop's guest server: runs the requests on this host.
 
 ``LocalDesktop`` starts a private Xvfb (on a free display) and openbox; ``LocalGuest`` has the
-methods of :class:`drums_osworld.guest_client.GuestClient` and does what the guest server would
+methods of :class:`drums_osworld.guest.client.GuestClient` and does what the guest server would
 (``/execute``: ``shlex.split`` for a non-shell string, ``~/`` expansion, 120 s limit; ``/file``;
 ``/setup/upload``; ``/setup/launch``; wmctrl for windows), as the current user with ``HOME`` set
 to a scratch directory and a ``python`` on ``PATH`` that has pyautogui. So a task's setup,
@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from drums_osworld.guest_client import ExecResult, GuestHTTPError, python_command
+from drums_osworld.guest.client import ExecResult, GuestHTTPError, python_command
 
 MARK = "DRUMS_LOCAL_GUEST"
 

@@ -74,7 +74,7 @@ class StandIn:
     def start(self) -> "StandIn":
         from pyroute2 import IPRoute
 
-        from drums_core import netns
+        from drums_core.session import netns
 
         cfg = json.dumps({"name": self.name, "records": self.records})
         self.proc = subprocess.Popen(["unshare", "--net", sys.executable, str(HERE / "netstandin_server.py"), cfg],

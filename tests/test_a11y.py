@@ -23,7 +23,7 @@ import requests
 
 from drums_osworld.desktop import GUEST_PORT, desktop_spec
 from drums_osworld.guest import a11y_atspi
-from drums_osworld.guest_client import GuestClient
+from drums_osworld.guest.client import GuestClient
 from osworld_harness import run_osworld
 
 IMAGE = "osworld"

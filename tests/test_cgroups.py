@@ -1,4 +1,4 @@
-"""Per-session cgroups (:mod:`drums_core.cgroups`) and the sweep of ``cgroup`` ledger entries.
+"""Per-session cgroups (:mod:`drums_core.session.cgroups`) and the sweep of ``cgroup`` ledger entries.
 
 Unit tests (no root): limits validation and the v1 mapping, names, parsing of ``memory.events`` /
 ``memory.oom_control`` on synthetic files, the sweep's shape checks (fail closed).
@@ -25,11 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from drums_core import cgroups, procs
-from drums_core.cgroups import GiB, MiB, Limits, SessionCgroup
+from drums_core.session import cgroups
+
+from drums_core.host import procs
+from drums_core.session.cgroups import GiB, MiB, Limits, SessionCgroup
 from drums_core.errors import FailedPrecondition, InvalidArgument
-from drums_core.ledger import Entry, Ledger
-from drums_core.sweep import parts_of, sweep
+from drums_core.sweep.ledger import Entry, Ledger
+from drums_core.sweep.sweep import parts_of, sweep
 
 REPO = str(Path(__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(180)
@@ -201,7 +203,7 @@ def test_oom_kills_and_memory_read_from_synthetic_files(tmp_path):
 
 
 def test_check_group_dir_only_accepts_drums_groups_directly_under_a_cgroup_mount():
-    from drums_core.procs import parse_mountinfo
+    from drums_core.host.procs import parse_mountinfo
 
     table = parse_mountinfo(
         "1 0 0:1 / / rw - ext4 /dev/root rw\n"

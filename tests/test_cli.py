@@ -128,7 +128,7 @@ def test_shutdown_purge_leaves_nothing_of_the_instance(tmp_path):
     layer holds a symbolic link the session planted: --dry-run changes nothing, --purge leaves
     nothing under /run/drums, no mount, no process, link or table, and follows no link."""
     from drums_core.config import STATE_ROOT, Instance
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
@@ -185,7 +185,7 @@ def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
     """`shutdown --destroy` stops the daemon and its sessions and keeps the state; a plain `shutdown`
     leaves the sessions running, and a purge then sweeps them (no daemon to ask) and removes it all."""
     from drums_core.config import STATE_ROOT, Instance
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, require_root, stop_instance
 
     require_root()

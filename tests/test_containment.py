@@ -48,7 +48,7 @@ import pytest
 
 from drums_core.config import ID_BASE, SESSION_PASSWORD, SESSION_UID, STATE_ROOT
 from drums_core.errors import DrumsError
-from drums_core.sessionprocs import session_processes
+from drums_core.session.processes import session_processes
 
 pytestmark = pytest.mark.timeout(180)
 

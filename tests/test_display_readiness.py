@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from Xlib import display as xdisplay
 
-from drums_core import display
+from drums_core.session import display
 from tests.local_guest import LocalDesktop
 
 W, H = 640, 480

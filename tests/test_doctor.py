@@ -22,7 +22,7 @@ EXPECTED = {
 def _doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "drums_core.doctor", *args], cwd=CHECKOUT,
+    return subprocess.run([sys.executable, "-m", "drums_core.host.doctor", *args], cwd=CHECKOUT,
                           env=full_env, capture_output=True, text=True, timeout=180, check=False)
 
 

@@ -41,7 +41,7 @@ from osworld_harness import ensure_osworld_venv, run_osworld  # noqa: E402
 from drums_osworld.evaluation import evaluate, run_setup  # noqa: E402
 from drums_osworld.evaluation.getters import EvalContext, get_cache_file, get_rule  # noqa: E402
 from drums_osworld.evaluation.metrics import METRICS  # noqa: E402
-from drums_osworld.guest_client import GuestClient  # noqa: E402
+from drums_osworld.guest.client import GuestClient  # noqa: E402
 from drums_osworld.tasks import list_tasks, load_task  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 Chromium unlinks its 4 MiB ``BrowserMetrics-*.pma`` a few seconds after it starts and keeps it
 mapped; CRIU's default limit (1 MiB) made every desktop with Chrome open fail its checkpoint after
-those first seconds. The dump now copies ghosts up to :data:`drums_core.criu.GHOST_LIMIT` into the
+those first seconds. The dump now copies ghosts up to :data:`drums_core.session.criu.GHOST_LIMIT` into the
 images; a larger one, which a process inside the desktop may make on purpose to grow the
 snapshot, still fails the checkpoint with CRIU's reason while the session goes on untouched.
 """
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from drums_core.criu import GHOST_LIMIT
+from drums_core.session.criu import GHOST_LIMIT
 from drums_core.errors import Unavailable
 
 # Writes a file of the given size, maps it, unlinks it, dirties its first bytes, then writes the

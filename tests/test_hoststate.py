@@ -1,4 +1,4 @@
-"""``drums_core.hoststate.instance_leaks`` finds each kind of resource an instance can leave, and
+"""``drums_core.host.hoststate.instance_leaks`` finds each kind of resource an instance can leave, and
 only that instance's: real tagged processes, a tmpfs mount, a link, nftables tables, an X11 link, a
 cgroup and a held host setting (a ``nat`` upstream's shared record), next to decoys of a
 neighbouring instance whose name starts with this one's.
@@ -12,10 +12,12 @@ import sys
 import uuid
 from pathlib import Path
 
-from drums_core import cgroups, hostnet
+from drums_core.session import cgroups
+
+from drums_core.host import hostnet
 from drums_core.config import Instance, display_number, host_ifname, nft_table_name
-from drums_core.hoststate import X11_DIR, instance_leaks
-from drums_core.procs import run_tag
+from drums_core.host.hoststate import X11_DIR, instance_leaks
+from drums_core.host.procs import run_tag
 
 from tests.conftest import SPARE_SLOTS, require_root
 
@@ -57,7 +59,7 @@ def test_instance_leaks_sees_each_kind_and_only_its_own(tmp_path: Path) -> None:
             _run("nft", "add", "table", "inet", name)
         Path(X11_DIR).mkdir(mode=0o1777, exist_ok=True)
         os.symlink("/nonexistent-drums-test", x11)
-        # a shared record of a host setting (drums_core.hostnet) that one of its runs still holds
+        # a shared record of a host setting (drums_core.host.hostnet) that one of its runs still holds
         hostnet.hostnet_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
         record.write_text(json.dumps({"ifname": link, "ifindex": None, "prior": "0",
                                       "holders": {run: str(inst.ledger_root)}}))

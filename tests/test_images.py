@@ -1,4 +1,4 @@
-"""Desktop images (drums_core.images): spec validation, real builds, the id shift, crash safety.
+"""Desktop images (drums_core.host.images): spec validation, real builds, the id shift, crash safety.
 
 The builds are real (mmdebstrap, apt, chroot) and need root and the network (deb.debian.org,
 PyPI). The default image is built once if the store lacks it (CI's first run) and reused
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from drums_core import config, images
+from drums_core import config
+
+from drums_core.host import images
 from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -304,7 +306,7 @@ def _leftovers(build_dirs: list[Path]) -> list[str]:
 def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
         tmp_path: Path, image_name: str, default_image: images.Manifest, kill_at: str) -> None:
     spec_file = _user_spec(tmp_path, image_name, commands=["sleep 600"])
-    proc = subprocess.Popen([sys.executable, "-m", "drums_core.images", "build", "--spec", str(spec_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "drums_core.host.images", "build", "--spec", str(spec_file)],
                             cwd=CHECKOUT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         seen = []

@@ -49,7 +49,7 @@ import pytest
 
 from drums_core.config import ID_BASE, STATE_ROOT, Instance
 from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
-from drums_core.netpolicy import NetworkPolicy, parse_text
+from drums_core.session.netpolicy import NetworkPolicy, parse_text
 from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 from tests.netstandin import StandIn, link_exists
 
@@ -132,7 +132,7 @@ def sh(c, sid: str, script: str) -> dict:
 
 
 def hostnet_record(ifname: str) -> dict | None:
-    from drums_core import hostnet
+    from drums_core.host import hostnet
 
     return hostnet.read_record(ifname)
 
@@ -282,7 +282,7 @@ def test_policy_forms_and_errors():
         parse_text("nat:dvh1")
     with pytest.raises(InvalidArgument, match="unknown network policy"):
         parse_text("open")
-    from drums_core.supervisor import SessionSpec
+    from drums_core.session.supervisor import SessionSpec
 
     assert SessionSpec.from_dict({}).network == {"policy": "none"}
     assert SessionSpec.from_dict({"network": "nat:eth1"}).network["upstream"] == "eth1"
@@ -290,7 +290,7 @@ def test_policy_forms_and_errors():
 
 def test_resolv_conf_replaces_a_symlink_without_following_it(tmp_path):
     require_root()
-    from drums_core.netpolicy import write_resolv_conf
+    from drums_core.session.netpolicy import write_resolv_conf
 
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
@@ -313,7 +313,7 @@ def test_resolv_conf_replaces_a_symlink_without_following_it(tmp_path):
 
 
 def test_bad_input_is_refused_and_changes_nothing(drums, up, other):
-    from drums_core.netpolicy import host_resolvers
+    from drums_core.session.netpolicy import host_resolvers
 
     sessions_before = drums.list()
     cases = [
@@ -404,7 +404,7 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
 
 
 def test_without_dns_the_hosts_resolvers_behind_the_upstream_are_used(up, tmp_path, monkeypatch):
-    from drums_core import netpolicy
+    from drums_core.session import netpolicy
 
     conf = tmp_path / "resolv.conf"
     conf.write_text(f"nameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver {DNS}\nnameserver ::1\n")
@@ -538,8 +538,8 @@ def _spare(name: str, index: int) -> Instance:
 
 def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up):
     from drums_core.client import Client
-    from drums_core.ledger import Ledger
-    from drums_core.sweep import sweep
+    from drums_core.sweep.ledger import Ledger
+    from drums_core.sweep.sweep import sweep
 
     kept = sessions(nat(up.ifname))
     inst = _spare("natcrash", 0)
@@ -594,7 +594,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         assert_released(up)
     finally:
         stop_instance(inst)
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
 
     assert not any(instance_leaks(inst).values()), instance_leaks(inst)
 
@@ -606,7 +606,7 @@ def test_the_gym_env_and_drums_up_choose_the_policy(drums, up, monkeypatch):
     import subprocess
     import sys
 
-    from drums_osworld.gym_env import DrumsDesktopEnv
+    from drums_osworld.gym.env import DrumsDesktopEnv
     from drums_osworld.tasks import tasks_dir
 
     task = str(tasks_dir() / "os" / "drums-os-make-executable.json")

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from drums_osworld.desktop import desktop_spec
-from drums_osworld.guest_client import GuestClient
+from drums_osworld.guest.client import GuestClient
 
 PLATFORM = "import pyautogui, platform; print(platform.system())"
 

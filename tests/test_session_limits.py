@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from drums_core import cgroups
+from drums_core.session import cgroups
 from drums_core.errors import FailedPrecondition, InvalidArgument
 
 BARE: dict = {}

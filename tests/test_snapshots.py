@@ -27,7 +27,7 @@ WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-st
 
 @pytest.fixture(scope="module")
 def fault_instance():
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
@@ -39,7 +39,7 @@ def fault_instance():
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    from drums_core.sessionprocs import is_alive
+    from drums_core.session.processes import is_alive
 
     deadline = time.monotonic() + timeout
     while is_alive(pid) and time.monotonic() < deadline:

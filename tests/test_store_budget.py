@@ -1,4 +1,4 @@
-"""The snapshot store's byte budget (drums_core.storebudget): eviction order, what is never evicted,
+"""The snapshot store's byte budget (drums_core.store.budget): eviction order, what is never evicted,
 spilling to disk, STORE_FULL, crashes in the middle of an eviction or a spill, and how it is reported.
 
 Two levels:
@@ -25,9 +25,9 @@ import pytest
 
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, NotFound, Unavailable
-from drums_core.procs import boot_id
-from drums_core.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
-from drums_core.storebudget import BudgetConfig, StoreKeeper, parse_size
+from drums_core.host.procs import boot_id
+from drums_core.store.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
+from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -175,8 +175,8 @@ CRASH_SCRIPT = textwrap.dedent('''\
     import json, sys, time
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from drums_core.snapshots import SnapshotStore
-    from drums_core.storebudget import BudgetConfig, StoreKeeper
+    from drums_core.store.snapshots import SnapshotStore
+    from drums_core.store.budget import BudgetConfig, StoreKeeper
     root = Path({root!r})
     store = SnapshotStore(root / "snapshots", spill_root=root / "spill")
     cfg = BudgetConfig(budget={budget}, source="test", spill_root=root / "spill", mem_floor=0, disk_reserve=0)
@@ -223,8 +223,8 @@ def test_crash_mid_eviction_or_spill_leaves_a_consistent_store(tmp_path, window)
 
 
 def test_spilled_snapshot_packs_from_disk(tmp_path):
-    """A bundle of a spilled snapshot (drums_core.transfer) carries its files from the spill directory."""
-    from drums_core import transfer
+    """A bundle of a spilled snapshot (drums_core.store.transfer) carries its files from the spill directory."""
+    from drums_core.store import transfer
 
     fab = Fab(tmp_path, budget_mib=100)
     fab.snap("ondisk", 2, "pinned", time.time())
@@ -239,7 +239,7 @@ def test_spilled_snapshot_packs_from_disk(tmp_path):
 # ------------------------------------------------------------------------------ a real daemon
 @pytest.fixture(scope="module")
 def budget_instance():
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
@@ -416,7 +416,7 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
 def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
     """The gym env in post_setup mode: a store with no room (STORE_FULL) leaves the episode going on
     unsaved (it scores as it should) and the next reset sets the task up again."""
-    from drums_osworld.gym_env import DrumsDesktopEnv
+    from drums_osworld.gym.env import DrumsDesktopEnv
     from drums_osworld.tasks import load_task
 
     c = _daemon(budget_instance, DRUMS_STORE_BUDGET="8m", DRUMS_SPILL_DIR="off")  # below any desktop's need

@@ -9,6 +9,7 @@ removes what it made, even when it fails.
 """
 from __future__ import annotations
 
+import importlib
 import contextlib
 import json
 import os
@@ -22,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from drums_core import procs
-from drums_core import sweep as sweep_mod
+from drums_core.host import procs
 from drums_core.config import X11_DIR
-from drums_core.hoststate import ledger_claims, run_leaks, snapshot_host_state
-from drums_core.ledger import Ledger
-from drums_core.sweep import FAULT_WINDOWS, sweep
+from drums_core.host.hoststate import ledger_claims, run_leaks, snapshot_host_state
+from drums_core.sweep.ledger import Ledger
+from drums_core.sweep.sweep import FAULT_WINDOWS, sweep
+sweep_mod = importlib.import_module("drums_core.sweep.sweep")  # the module (drums_core.sweep.sweep is the function)
 
 REPO = str(Path(__file__).resolve().parents[1])
 

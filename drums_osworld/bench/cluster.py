@@ -3,7 +3,7 @@
 A local Ray cluster of two logical nodes (``ray.cluster_utils.Cluster`` on 127.0.0.1, no
 dashboard, no usage stats), each with its own Drums daemon instance (``<instance>-ca`` on slots
 base..base+3, ``<instance>-cb`` on base+4..base+7; each node takes 2 desktops at a time), and a
-:class:`~drums_osworld.ray_pool.DrumsPool` over them. The task is fixed and scripted:
+:class:`~drums_osworld.farm.pool.DrumsPool` over them. The task is fixed and scripted:
 ``tasks/os/drums-os-make-executable.json`` (its setup is checkpointed once on node a; a rollout
 restores a sibling of that checkpoint, runs the task's ``drums_solution``, scores it with the
 task's evaluator, waits for the sibling's liveness verdict and destroys it).
@@ -89,8 +89,8 @@ def run_cluster(opts) -> dict:
         import ray  # noqa: F401
     except ImportError as exc:
         raise BenchError(f"the cluster suite needs Ray: pip install 'drums[ray]' ({exc})") from exc
-    from drums_osworld.ray_local import LocalCluster
-    from drums_osworld.ray_pool import DrumsPool
+    from drums_osworld.farm.local import LocalCluster
+    from drums_osworld.farm.pool import DrumsPool
     from drums_osworld.tasks import load_task
 
     task = load_task(TASK, require_drums_support=True)

@@ -2,7 +2,7 @@
 
 A suite runs against a daemon instance of its own (``bench`` by default: its own state tmpfs,
 socket, slots 300..363 and nftables table), started fresh and stopped, swept and unmounted at the
-end; :func:`drums_core.hoststate.instance_leaks` then looks for anything of it left on the host.
+end; :func:`drums_core.host.hoststate.instance_leaks` then looks for anything of it left on the host.
 
 *Agent-ready* is what an agent needs before its first action: a mapped window whose title holds
 ``LibreOffice Writer`` and a screenshot that differs from blank (the top-left pixel's colour) in
@@ -26,7 +26,7 @@ from typing import Any
 from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import DrumsError
-from drums_core.hoststate import instance_leaks
+from drums_core.host.hoststate import instance_leaks
 from drums_osworld.tasks import tasks_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def other_daemons(own: Iterable[str]) -> list[str]:
             argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"drums_core.daemon" in argv and b"--instance" in argv:
+        if b"drums_core.daemon.server" in argv and b"--instance" in argv:
             inst = argv[argv.index(b"--instance") + 1].decode(errors="replace")
             if inst not in own:
                 found.append(inst)
@@ -140,7 +140,7 @@ def host_facts(instances: Iterable[str] = ()) -> dict:
                 mem[k] = int(v.split()[0]) // 1024
     except OSError:
         pass
-    from drums_core.criu import version as criu_version
+    from drums_core.session.criu import version as criu_version
 
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "mem_mib": mem, "loadavg": loadavg(),
             "criu": criu_version(), "python": platform.python_version(),
@@ -224,7 +224,7 @@ class BenchInstance:
         self._sweep_and_unmount()
 
     def _sweep_and_unmount(self) -> dict:
-        from drums_core.sweep import sweep_instance
+        from drums_core.sweep.sweep import sweep_instance
 
         return sweep_instance(self.instance)["sweep"]
 
@@ -279,8 +279,8 @@ def _title(d, win, net_wm_name, utf8) -> str:
 
 def route(session: dict) -> int:
     """Let this process reach a session's X server (through the session root, as the daemon does:
-    :func:`drums_core.display.register_session`); returns its display number."""
-    from drums_core import display
+    :func:`drums_core.session.display.register_session`); returns its display number."""
+    from drums_core.session import display
 
     display.register_session(int(session["display"]), int(session["init_pid"]))
     return int(session["display"])
@@ -428,7 +428,7 @@ def destroy_all(client: Client, sessions: Iterable[dict]) -> list[str]:
 
 def snapshot_images_bytes(instance: Instance, snap_id: str) -> int:
     """Size of a snapshot's CRIU images alone (the snapshot's ``size`` adds its frozen layer)."""
-    from drums_core.rootfs import dir_size
+    from drums_core.session.rootfs import dir_size
 
     return dir_size(instance.snapshots_dir / snap_id / "images")
 

@@ -68,7 +68,7 @@ def _du_bytes(path: Path) -> int | None:
 
 def image_facts(name: str) -> dict:
     """What the image's manifest says (and what its rootfs holds of the applications measured)."""
-    from drums_core import images
+    from drums_core.host import images
 
     try:
         m = images.check_usable(name)
@@ -106,7 +106,7 @@ def _bare_nonblank(session: dict) -> float:
     """Non-blank share of a desktop's screen (no window needed), as the daemon counts it."""
     from Xlib import display as xdisplay
 
-    from drums_core import display
+    from drums_core.session import display
 
     d = xdisplay.Display(f":{common.route(session)}")
     try:

@@ -1,6 +1,6 @@
 """``profile``: where a restore's time goes, between the CRIU call and agent-ready.
 
-The suite runs a :class:`~drums_core.supervisor.Supervisor` in its own process (instance
+The suite runs a :class:`~drums_core.session.supervisor.Supervisor` in its own process (instance
 ``bench-prof``: slots 384..399 by default) with timing wrappers around the engine's functions, so every
 phase of ``Supervisor.restore`` is measured where it happens: overlay mount, the CRIU call,
 veth creation and configuration, the reseed (hostname through ``nsenter``, the guest's RNG over
@@ -8,7 +8,7 @@ HTTP), the X readiness wait (window listing, grab, blank test) and the port wait
 engine is changed; the wrappers are removed afterwards.
 
 Then, side by side on the same restored desktops: the engine's readiness test
-(:func:`drums_core.display.wait_ready`) against the bench's lean one (:func:`common.ready_state`:
+(:func:`drums_core.session.display.wait_ready`) against the bench's lean one (:func:`common.ready_state`:
 ``_NET_CLIENT_LIST`` instead of walking the window tree, the blank test on the raw 32-bit pixels
 without a copy): what the engine would gain by switching.
 
@@ -31,26 +31,26 @@ from ..progress import progress
 from .common import BenchInstance, summary
 
 RESTORE_PHASES = [
-    ("drums_core.supervisor.Supervisor", "_record_session"),
-    ("drums_core.supervisor.Supervisor", "_prepare_dirs"),
-    ("drums_core.supervisor.Supervisor", "_mount_root"),
-    ("drums_core.netns", "wait_link_gone"),
-    ("drums_core.criu", "restore"),
-    ("drums_core.netns", "create_veth"),
-    ("drums_core.netns", "configure_host_side"),
-    ("drums_core.netns", "configure_guest_side"),
-    ("drums_core.supervisor.Supervisor", "_reseed"),
-    ("drums_core.rootfs", "write_session_files"),
+    ("drums_core.session.supervisor.Supervisor", "_record_session"),
+    ("drums_core.session.supervisor.Supervisor", "_prepare_dirs"),
+    ("drums_core.session.supervisor.Supervisor", "_mount_root"),
+    ("drums_core.session.netns", "wait_link_gone"),
+    ("drums_core.session.criu", "restore"),
+    ("drums_core.session.netns", "create_veth"),
+    ("drums_core.session.netns", "configure_host_side"),
+    ("drums_core.session.netns", "configure_guest_side"),
+    ("drums_core.session.supervisor.Supervisor", "_reseed"),
+    ("drums_core.session.rootfs", "write_session_files"),
     ("subprocess", "run"),
     ("requests", "post"),
-    ("drums_core.supervisor.Supervisor", "_x11_link"),
-    ("drums_core.display", "wait_ready"),
-    ("drums_core.display", "connect"),
-    ("drums_core.display", "windows"),
-    ("drums_core.display", "grab"),
-    ("drums_core.display", "nonblank_fraction"),
-    ("drums_core.supervisor.Supervisor", "_wait_port"),
-    ("drums_core.supervisor.Supervisor", "_set_state"),
+    ("drums_core.session.supervisor.Supervisor", "_x11_link"),
+    ("drums_core.session.display", "wait_ready"),
+    ("drums_core.session.display", "connect"),
+    ("drums_core.session.display", "windows"),
+    ("drums_core.session.display", "grab"),
+    ("drums_core.session.display", "nonblank_fraction"),
+    ("drums_core.session.supervisor.Supervisor", "_wait_port"),
+    ("drums_core.session.supervisor.Supervisor", "_set_state"),
 ]
 
 CRIU_MILESTONES = [
@@ -136,11 +136,11 @@ def criu_timeline(log: list[str]) -> dict:
 
 
 def run_profile(opts) -> dict:
-    from drums_core import criu
-    from drums_core.supervisor import Supervisor
+    from drums_core.session import criu
+    from drums_core.session.supervisor import Supervisor
     from drums_osworld.desktop import desktop_spec
     from drums_osworld.evaluation import run_task_setup
-    from drums_osworld.guest_client import GuestClient
+    from drums_osworld.guest.client import GuestClient
 
     n = opts.rounds or (2 if opts.quick else 10)
     inst = common.instances(opts)["profile"]
@@ -162,7 +162,7 @@ def run_profile(opts) -> dict:
         time.sleep(0.5)
         snap = sup.checkpoint(s.id, name="profile")
         bar.update()
-        from drums_core import display as dmod
+        from drums_core.session import display as dmod
 
         for path, name in RESTORE_PHASES:
             w.wrap(_resolve(path), name, f"{path.rsplit('.', 1)[-1]}.{name}")
@@ -211,7 +211,7 @@ def run_profile(opts) -> dict:
                 sup.shutdown(destroy_sessions=True)
             # This supervisor runs in-process: its owner (us) is alive, so the instance's ordinary
             # sweep of dead runs would skip whatever a failed destroy left. Sweep our run explicitly.
-            from drums_core.sweep import sweep
+            from drums_core.sweep.sweep import sweep
 
             with contextlib.suppress(Exception):
                 sweep(inst.ledger_root, run=sup.run, only_dead=False)

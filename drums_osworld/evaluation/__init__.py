@@ -3,12 +3,12 @@
 Drums' own implementations of the parts of OSWorld 1.0.2 its offline tasks use: the setup steps
 (:func:`run_setup`, :func:`run_task_setup`), the getters (:data:`GETTERS`), the metrics
 (:data:`METRICS`) and ``DesktopEnv.evaluate()`` (:func:`evaluate`). They talk to the guest only
-through a :class:`~drums_osworld.guest_client.GuestClient` (or any object with its methods) and agree
+through a :class:`~drums_osworld.guest.client.GuestClient` (or any object with its methods) and agree
 with OSWorld's code on the same inputs (``tests/test_evaluation_parity.py``).
 
 Typical use::
 
-    from drums_osworld.guest_client import GuestClient
+    from drums_osworld.guest.client import GuestClient
     from drums_osworld.evaluation import run_task_setup, evaluate
 
     guest = GuestClient("169.254.0.2")

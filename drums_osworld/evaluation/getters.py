@@ -2,7 +2,7 @@
 
 A getter is called as ``get_<type>(env, config)``. OSWorld passes its ``DesktopEnv``; Drums passes
 an :class:`EvalContext` with the two things the getters here use: ``guest`` (a
-:class:`~drums_osworld.guest_client.GuestClient` or anything with the same methods) and
+:class:`~drums_osworld.guest.client.GuestClient` or anything with the same methods) and
 ``cache_dir`` (the task's cache directory, ``<cache base>/<task id>``).
 
 Results and failure modes follow OSWorld's: ``vm_command_line`` gives ``None`` on an HTTP error,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from drums_osworld.guest_client import GuestError, GuestHTTPError
+from drums_osworld.guest.client import GuestError, GuestHTTPError
 
 logger = logging.getLogger("drums.osworld.getters")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from drums_core.errors import DrumsError
-from drums_osworld.guest_client import GuestError, GuestHTTPError, GuestUnavailable
+from drums_osworld.guest.client import GuestError, GuestHTTPError, GuestUnavailable
 
 logger = logging.getLogger("drums.osworld.setup")
 
@@ -231,7 +231,7 @@ def run_setup(steps: Sequence[Mapping[str, Any]], guest: Any, *, task_cache_dir:
     ``execute`` writes its ``stdout``/``stderr`` files and ``download`` finds its files; it is
     created if missing. Before the first step the guest must answer (``probe_timeout`` seconds, as
     OSWorld's ``/terminal`` probe; ``None`` skips it), else
-    :class:`~drums_osworld.guest_client.GuestUnavailable` and nothing ran. A step that fails raises
+    :class:`~drums_osworld.guest.client.GuestUnavailable` and nothing ran. A step that fails raises
     :class:`SetupError` naming it (a transport failure is its ``__cause__`` and gives its
     ``reason``); the steps before it keep their effects. ``on_step(index, type)`` is called before
     each step (the gym env tags the guest's setup log with it).

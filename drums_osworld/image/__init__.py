@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drums_core.images import FileSpec, ImageSpec
+from drums_core.host.images import FileSpec, ImageSpec
 
 NAME = "osworld"
 BASE = "default"

@@ -69,7 +69,7 @@ def image_path(image: str) -> str:
 @dataclass(frozen=True)
 class ImageRef:
     """One kind of fresh desktop: an image at a screen size, with a network policy (the canonical
-    JSON of a ``nat`` policy, see :mod:`drums_core.netpolicy`; empty for ``none``). A ``nat``
+    JSON of a ``nat`` policy, see :mod:`drums_core.session.netpolicy`; empty for ``none``). A ``nat``
     desktop's spec, and so its scopes and ``init_state``, differ from the ``none`` one's."""
 
     image: str = DEFAULT_IMAGE
@@ -107,7 +107,7 @@ def network_key(network: object = None) -> str:
     """The ``network`` of an :class:`ImageRef` for a policy given as a provider option (a dict or the
     text form), or else ``$DRUMS_NETWORK`` (``none``, ``nat:<upstream>[:<dns>,...]`` or a JSON object).
     InvalidArgument ``BAD_NETWORK`` for a bad one."""
-    from drums_core.netpolicy import NetworkPolicy
+    from drums_core.session.netpolicy import NetworkPolicy
 
     if network is None:
         network = os.environ.get("DRUMS_NETWORK") or None

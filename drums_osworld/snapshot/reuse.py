@@ -2,7 +2,7 @@
 
 The same agent code runs under each mode; only the provider's ``reuse_mode`` differs (set it with
 :func:`set_reuse_mode`, the ``DRUMS_OSWORLD_REUSE`` environment variable, or
-``python -m drums_osworld.run --reuse MODE``):
+``python -m drums_osworld.apps.run --reuse MODE``):
 
 ``none``
     every rollout starts from the env's ``snapshot_name`` (``init_state``) and runs the task's setup.

@@ -61,12 +61,12 @@ for _p in (str(REPO), str(REPO / "tests")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from drums_core import procs  # noqa: E402
+from drums_core.host import procs  # noqa: E402
 from drums_core.client import Client  # noqa: E402
 from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
 from drums_core.errors import DrumsError, Unavailable  # noqa: E402
-from drums_core.hoststate import ledger_claims, snapshot_host_state  # noqa: E402
-from drums_core.ledger import Ledger  # noqa: E402
+from drums_core.host.hoststate import ledger_claims, snapshot_host_state  # noqa: E402
+from drums_core.sweep.ledger import Ledger  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "results" / "fault-windows.jsonl"
 SLOTS_PER_WINDOW = 4
@@ -156,7 +156,7 @@ TIMED_RE = re.compile(r"^(criu|criu-top)\+\d+ms$")
 
 def engine_windows() -> set[str]:
     """Every literal ``faults.hit("...")`` in the engine, plus the sweep's own windows."""
-    from drums_core.sweep import FAULT_WINDOWS
+    from drums_core.sweep.sweep import FAULT_WINDOWS
 
     found: set[str] = set(FAULT_WINDOWS)
     for path in (REPO / "drums_core").glob("*.py"):
@@ -223,7 +223,7 @@ def _links() -> set[str]:
 
 
 def _nft_names() -> set[str]:
-    from drums_core.sweep import nft_tables
+    from drums_core.sweep.sweep import nft_tables
 
     return {name for _family, name in nft_tables()}
 
@@ -828,7 +828,7 @@ class WindowRun:
 
     def _store_consistent(self) -> dict:
         """S1 (store windows): the store as the next daemon recovered it serves only whole snapshots."""
-        from drums_core.snapshots import SnapshotStore
+        from drums_core.store.snapshots import SnapshotStore
 
         store = SnapshotStore(self.inst.snapshots_dir, spill_root=spill_dir(self.inst))
         problems: list[str] = []

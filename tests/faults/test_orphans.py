@@ -22,11 +22,13 @@ import sys
 
 import pytest
 
-from drums_core import cgroups, procs
+from drums_core.session import cgroups
+
+from drums_core.host import procs
 from drums_core.client import Client
 from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
-from drums_core.ledger import Ledger
+from drums_core.sweep.ledger import Ledger
 from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, _wait, daemon_env, force_clean,
                                   instance_footprint, sweep_cli, sweep_counts)
 

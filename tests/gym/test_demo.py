@@ -1,4 +1,4 @@
-"""The demo (``make demo`` runs ``python -m drums_osworld.demo``), end to end, as a user runs it.
+"""The demo (``make demo`` runs ``python -m drums_osworld.apps.demo``), end to end, as a user runs it.
 
 It starts its own daemon on its own instance (here a private name and spare slots of this run),
 boots and sets up LibreOffice Writer, branches 4 siblings, scores them, writes the contact sheet,
@@ -17,7 +17,7 @@ from PIL import Image
 
 from drums_core.client import Client
 from drums_core.config import Instance
-from drums_core.hoststate import instance_leaks
+from drums_core.host.hoststate import instance_leaks
 
 from tests.conftest import SPARE_SLOTS
 
@@ -30,7 +30,7 @@ def test_demo_end_to_end(drums_instance, tmp_path: Path) -> None:
     out = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRUMS_INSTANCE")}
     try:
-        r = subprocess.run([sys.executable, "-m", "drums_osworld.demo", "--out", str(out), "--json",
+        r = subprocess.run([sys.executable, "-m", "drums_osworld.apps.demo", "--out", str(out), "--json",
                             "--instance", instance.name, "--slot-base", str(instance.slot_base),
                             "--slot-count", str(instance.slot_count)],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=540)

@@ -29,7 +29,7 @@ from gymnasium.spaces.utils import flatten, unflatten
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
-from drums_osworld.gym_env import ENV_ID, DrumsDesktopEnv, UnicodeText, fix_pyautogui_less_than
+from drums_osworld.gym.env import ENV_ID, DrumsDesktopEnv, UnicodeText, fix_pyautogui_less_than
 from drums_osworld.tasks import list_tasks, load_task, tasks_dir
 
 from gymlib import run_parallel, run_script, snapshot_ids
@@ -61,7 +61,7 @@ def test_module_form_registers_without_prior_import(tmp_path: Path) -> None:
         assert "drums_osworld" not in sys.modules
         env = gymnasium.make({MODULE_ID!r}, task={str(SHELL_TASK)!r})
         assert "drums_osworld" in sys.modules
-        import drums_osworld.gym_env as g
+        import drums_osworld.gym.env as g
         g.register_envs(); g.register_envs()          # idempotent: no "Overriding" warning
         spec = gymnasium.spec({ENV_ID!r})
         env2 = gymnasium.make({ENV_ID!r}, task={str(SHELL_TASK)!r})
@@ -71,7 +71,7 @@ def test_module_form_registers_without_prior_import(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["True", "drums_osworld.gym_env:DrumsDesktopEnv", "DrumsDesktopEnv", "None"]
+    assert r.stdout.split() == ["True", "drums_osworld.gym.env:DrumsDesktopEnv", "DrumsDesktopEnv", "None"]
 
 
 def test_unicode_text_space() -> None:

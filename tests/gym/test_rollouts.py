@@ -15,7 +15,7 @@ import gymnasium
 import pytest
 
 from drums_core.client import Client
-from drums_osworld.rollouts import load_scripts, run_rollouts
+from drums_osworld.apps.rollouts import load_scripts, run_rollouts
 from drums_osworld.tasks import load_task, tasks_dir
 
 from gymlib import run_script, snapshot_ids

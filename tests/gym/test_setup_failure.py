@@ -17,8 +17,8 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-from drums_osworld.gym_env import DrumsDesktopEnv
-from drums_osworld.rollouts import run_rollouts
+from drums_osworld.gym.env import DrumsDesktopEnv
+from drums_osworld.apps.rollouts import run_rollouts
 from drums_osworld.setup_journal import SetupFailed
 from drums_osworld.tasks import load_task, tasks_dir
 

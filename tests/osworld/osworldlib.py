@@ -96,7 +96,7 @@ class OSWorld:
 
 def watchdog_pids(instance: Any) -> list[int]:
     """Live lease watchdogs of this instance (found by their exact argv)."""
-    from drums_core.procs import scan_processes
+    from drums_core.host.procs import scan_processes
 
     pids = [p.pid for p in scan_processes().values()
             if not p.zombie and "drums_osworld.provider.leases" in p.argv and instance.name in p.argv]

@@ -73,7 +73,7 @@ RUN = f'''
 @pytest.fixture
 def budget_osworld(osworld_venv):
     from drums_core.client import Client
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
 
     from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 

@@ -1,6 +1,6 @@
 """``DesktopEnv(provider_name="drums")`` with the real desktop-env 1.0.2: registration, the provider
 interface as DesktopEnv calls it, closing, reclaiming after a kill, screen size and the shared
-``init_state``, and the ``python -m drums_osworld.run`` launcher.
+``init_state``, and the ``python -m drums_osworld.apps.run`` launcher.
 
 Each test names the acceptance item of issue 7 it shows.
 """
@@ -372,7 +372,7 @@ MIMIC_RUNNER = textwrap.dedent('''\
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_launcher_runs_an_osworld_runner_on_drums(osworld, client, start_method):
-    """``python -m drums_osworld.run <script> --provider_name drums``: the script's argparse choices
+    """``python -m drums_osworld.apps.run <script> --provider_name drums``: the script's argparse choices
     accept drums, worker processes (fork and spawn) register, and tasks score 0.0 -> 1.0."""
     script = osworld.workdir / "run_multienv_like.py"
     script.write_text(MIMIC_RUNNER)
@@ -382,7 +382,7 @@ def test_launcher_runs_an_osworld_runner_on_drums(osworld, client, start_method)
     plain = subprocess.run([py, *args], cwd=osworld.workdir, env=osworld.env(), capture_output=True, text=True,
                            timeout=120)
     assert plain.returncode == 2 and "invalid choice: 'drums'" in plain.stderr, plain.stderr[-2000:]
-    r = subprocess.run([py, "-m", "drums_osworld.run", "--reuse", "post_setup", *args], cwd=osworld.workdir,
+    r = subprocess.run([py, "-m", "drums_osworld.apps.run", "--reuse", "post_setup", *args], cwd=osworld.workdir,
                        env=osworld.env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     scores = json.loads([ln for ln in r.stdout.splitlines() if ln.startswith("SCORES ")][-1].split(" ", 1)[1])
@@ -397,7 +397,7 @@ def test_daemon_autostarts_from_the_osworld_interpreter(osworld, drums_instance)
     DesktopEnv with no daemon running starts it through Drums' own interpreter."""
     from drums_core.client import Client
     from drums_core.config import VENV, Instance
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, stop_instance
 
     # A second instance on spare slots of this run's range (the fault-window daemon uses the first 8).
@@ -414,7 +414,7 @@ def test_daemon_autostarts_from_the_osworld_interpreter(osworld, drums_instance)
         ''', DRUMS_INSTANCE=inst.name, DRUMS_SLOT_BASE=str(inst.slot_base), DRUMS_SLOT_COUNT=str(inst.slot_count))
         assert out["pyroute2_here"] is False and out["score"] == 0.0
         argv = open(f"/proc/{out['daemon']}/cmdline", "rb").read().split(b"\0")
-        assert argv[0].decode() == str(VENV / "bin/python") and b"drums_core.daemon" in argv, argv
+        assert argv[0].decode() == str(VENV / "bin/python") and b"drums_core.daemon.server" in argv, argv
         assert Client(inst, autostart=False).list() == []
     finally:
         stop_instance(inst)

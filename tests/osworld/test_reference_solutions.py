@@ -39,7 +39,7 @@ IMPRESS_OFFLINE = {"2cd43775-7085-45d8-89fa-9e35c0a915cf", "ef9d12bd-bcee-4ba0-a
 def osworld_image(osworld_venv) -> str:
     """The image, and OSWorld's real evaluator dependencies in its venv (the stubs then stand aside:
     every getter and metric these tasks reach is the real one)."""
-    from drums_core import images
+    from drums_core.host import images
     from drums_core.errors import DrumsError
     from osworld_harness import ensure_evaluators
 

@@ -34,14 +34,14 @@ def _ray_processes(session_dir: str | None) -> list[str]:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """(LocalCluster, DrumsPool, {"a": Instance, "b": Instance}) for the module."""
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, INSTANCE, require_root, stop_instance
 
     require_root()
     require_ray()
     from drums_core.config import Instance
-    from drums_osworld.ray_local import LocalCluster
-    from drums_osworld.ray_pool import DrumsPool
+    from drums_osworld.farm.local import LocalCluster
+    from drums_osworld.farm.pool import DrumsPool
 
     insts = {"a": Instance(name=f"{INSTANCE.name}-ra", slot_base=SPARE_SLOTS[8], slot_count=2),
              "b": Instance(name=f"{INSTANCE.name}-rb", slot_base=SPARE_SLOTS[10], slot_count=2)}
@@ -64,7 +64,7 @@ def ray_cluster():
             reports = {name: stop_instance(inst) for name, inst in insts.items()}
     left = _ray_processes(session_dir)
     assert not left, f"Ray processes of the test cluster still running: {left}"
-    from drums_core.transfer import SPOOL_ROOT
+    from drums_core.store.transfer import SPOOL_ROOT
 
     spools = [str(SPOOL_ROOT / inst.name) for inst in insts.values() if (SPOOL_ROOT / inst.name).exists()]
     assert not spools, f"transfer spools left behind: {spools}"

@@ -25,9 +25,9 @@ def node_leftovers(instance) -> dict:
     directory (a restored sibling carries the tag of the run that made the checkpoint, possibly
     another instance's); mounts under the state directory (not the state tmpfs itself); links,
     nftables tables and X11 links of its slots; cgroups of its runs; the ledgers of its runs."""
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
 
-    from drums_core import procs
+    from drums_core.host import procs
 
     rep = instance_leaks(instance)
     state = os.path.realpath(instance.state_dir)

@@ -3,7 +3,7 @@
 The real script is not in the desktop-env wheel; the stand-in is the provider tests' MIMIC_RUNNER
 (tests/osworld/test_provider.py: run_multienv's argparse choices for ``--provider_name``, its
 DesktopEnv call, one DesktopEnv per worker process, tasks from a queue), extended here to report
-each task's desktop. It runs through ``python -m drums_osworld.run`` with the real desktop-env
+each task's desktop. It runs through ``python -m drums_osworld.apps.run`` with the real desktop-env
 1.0.2 (tests/osworld_harness.py) against the suite's daemon, with the default reuse mode
 (``none``): 4 tasks from ``tasks/``, each scored 0 before and 1 after its solution, each on a
 desktop of its own, no desktop shared between the workers, nothing left afterwards.
@@ -47,7 +47,7 @@ def test_run_multienv_two_workers_four_tasks(drums_instance, client):
     try:
         script = ow.workdir / "run_multienv.py"
         script.write_text(mine)
-        cmd = [str(ow.venv / "bin/python"), "-m", "drums_osworld.run", str(script), "--provider_name", "drums",
+        cmd = [str(ow.venv / "bin/python"), "-m", "drums_osworld.apps.run", str(script), "--provider_name", "drums",
                "--num_envs", "2", "--test_config_base_dir", str(REPO / "tasks")]
         t0 = time.monotonic()
         r = subprocess.run(cmd, cwd=ow.workdir, env=ow.env(), capture_output=True, text=True, timeout=900)

@@ -1,4 +1,4 @@
-"""Shipping a snapshot chain between two daemons' stores (drums_core.transfer), without Ray.
+"""Shipping a snapshot chain between two daemons' stores (drums_core.store.transfer), without Ray.
 
 Two daemon instances on this machine (``pytest-<pid>-ta`` and ``-tb``, two spare slots each).
 On ``ta``: the task's post-setup checkpoint (the parent), one sibling of it that writes a marker
@@ -31,7 +31,7 @@ MARKER = "/home/user/child-marker.txt"
 def daemons():
     from drums_core.client import Client
     from drums_core.config import Instance
-    from drums_core.hoststate import instance_leaks
+    from drums_core.host.hoststate import instance_leaks
     from tests.conftest import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
@@ -75,7 +75,7 @@ def chain(daemons):
 
 
 def _stores(daemons):
-    from drums_core.snapshots import SnapshotStore
+    from drums_core.store.snapshots import SnapshotStore
 
     insts, _ = daemons
     return SnapshotStore(insts["a"].snapshots_dir), SnapshotStore(insts["b"].snapshots_dir)
@@ -93,7 +93,7 @@ def spool():
 
 
 def test_chain_ships_with_its_parent_and_restores_there(daemons, chain, spool):
-    from drums_core.transfer import IMPORTED, import_snapshot, pack, sha256_file, snapshot_chain
+    from drums_core.store.transfer import IMPORTED, import_snapshot, pack, sha256_file, snapshot_chain
     from drums_osworld.desktop import Desktop
 
     insts, clients = daemons
@@ -133,7 +133,7 @@ def test_chain_ships_with_its_parent_and_restores_there(daemons, chain, spool):
 
 def test_skip_what_the_receiver_has_and_refuse_a_missing_parent(daemons, chain, spool):
     from drums_core.errors import FailedPrecondition
-    from drums_core.transfer import import_snapshot, pack
+    from drums_core.store.transfer import import_snapshot, pack
 
     _, clients = daemons
     parent, child = chain
@@ -159,7 +159,7 @@ def test_skip_what_the_receiver_has_and_refuse_a_missing_parent(daemons, chain, 
 
 def test_corrupt_or_hostile_bundles_change_nothing(daemons, chain, spool):
     from drums_core.errors import Internal, InvalidArgument, Unavailable
-    from drums_core.transfer import BUNDLE_MANIFEST, dispatch, import_snapshot, pack, sha256_file
+    from drums_core.store.transfer import BUNDLE_MANIFEST, dispatch, import_snapshot, pack, sha256_file
 
     _, clients = daemons
     parent, child = chain

@@ -1,4 +1,4 @@
-"""The host's containment of a desktop's accessibility tree (drums_osworld.a11y_guard).
+"""The host's containment of a desktop's accessibility tree (drums_osworld.guest.a11y_guard).
 
 The threat is shown with OSWorld's own agent code: ``mm_agents``' ``filter_nodes`` (under
 ``linearize_accessibility_tree``) evals ``cp:screencoord``/``cp:size``, so a desktop that controls
@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 from osworld_harness import run_osworld
 
-from drums_osworld.a11y_guard import EMPTY, contain
+from drums_osworld.guest.a11y_guard import EMPTY, contain
 from drums_osworld.guest.a11y_xml import NS, Node, cp, st
 
 FILTER = """

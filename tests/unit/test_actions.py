@@ -38,7 +38,8 @@ def test_parse_all_checks_every_action_first() -> None:
 
 
 def test_one_special_actions_everywhere() -> None:
-    from drums_osworld import gym_env, tasks
+    from drums_osworld.gym import env as gym_env
+    from drums_osworld import tasks
 
     assert tasks.SPECIAL_ACTIONS is actions.SPECIAL_ACTIONS
     assert gym_env.fix_pyautogui_less_than is actions.fix_pyautogui_less_than

@@ -7,7 +7,7 @@ import pytest
 
 from drums_core.config import ID_BASE
 from drums_core.errors import Internal
-from drums_core.transfer import check_layer
+from drums_core.store.transfer import check_layer
 
 
 def _layer(tmp_path):

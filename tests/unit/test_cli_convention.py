@@ -199,7 +199,7 @@ def _scratch(tmp_path) -> Instance:
 
 
 def test_purge_removes_the_state_without_following_links(tmp_path):
-    from drums_core.purge import plan_purge, purge
+    from drums_core.daemon.purge import plan_purge, purge
 
     inst = _scratch(tmp_path)
     canary = tmp_path / "outside"
@@ -222,7 +222,7 @@ def test_purge_removes_the_state_without_following_links(tmp_path):
 
 
 def test_purge_refuses_a_state_dir_that_is_a_symlink(tmp_path):
-    from drums_core.purge import plan_purge, purge
+    from drums_core.daemon.purge import plan_purge, purge
 
     inst = Instance(name="purgeunit", state_root=tmp_path / "run")
     inst.state_root.mkdir()
@@ -237,8 +237,8 @@ def test_purge_refuses_a_state_dir_that_is_a_symlink(tmp_path):
 
 
 def test_purge_refuses_while_a_run_of_the_instance_is_alive(tmp_path):
-    from drums_core.ledger import Ledger
-    from drums_core.purge import plan_purge, purge
+    from drums_core.sweep.ledger import Ledger
+    from drums_core.daemon.purge import plan_purge, purge
 
     inst = _scratch(tmp_path)
     Ledger.create(inst.ledger_root, "purgeunit-0123456789ab")  # owned by this (live) process
@@ -249,7 +249,7 @@ def test_purge_refuses_while_a_run_of_the_instance_is_alive(tmp_path):
 
 
 def test_purge_refuses_a_shallow_spill_dir(tmp_path):
-    from drums_core.purge import PurgePlan, purge
+    from drums_core.daemon.purge import PurgePlan, purge
 
     inst = _scratch(tmp_path)
     with pytest.raises(FailedPrecondition):

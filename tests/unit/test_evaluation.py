@@ -17,7 +17,7 @@ from drums_osworld.evaluation import (
     substitute_placeholders,
 )
 from drums_osworld.evaluation import getters as G
-from drums_osworld.guest_client import ExecResult, GuestHTTPError, GuestUnavailable
+from drums_osworld.guest.client import ExecResult, GuestHTTPError, GuestUnavailable
 from drums_osworld.tasks import TaskError
 
 

@@ -165,14 +165,14 @@ def test_the_acceptance_one_liner_lists_the_api():
 # ------------------------------------------------------------------ records against the daemon's own types
 def _wire(value):
     """What the daemon sends for ``value`` and the client decodes: its _jsonable, through JSON."""
-    from drums_core.daemon import _jsonable
+    from drums_core.daemon.server import _jsonable
 
     return json.loads(json.dumps(_jsonable(value)))
 
 
 def _daemon_session():
-    from drums_core.supervisor import Session as DaemonSession
-    from drums_core.supervisor import SessionSpec, State
+    from drums_core.session.supervisor import Session as DaemonSession
+    from drums_core.session.supervisor import SessionSpec, State
 
     return DaemonSession(id="s1", slot=7, state=State.RUNNING, spec=SessionSpec(), dir="/run/drums/x/sessions/s1",
                          root="/run/drums/x/sessions/s1/root", ifname="dvh7", host_address="169.254.0.29",
@@ -181,7 +181,7 @@ def _daemon_session():
 
 
 def _daemon_snapshot():
-    from drums_core.snapshots import Snapshot as DaemonSnapshot
+    from drums_core.store.snapshots import Snapshot as DaemonSnapshot
 
     return DaemonSnapshot(id="snap1", name="base", scope="s1", session="s1", image="default", layers=["/l1"],
                           parent=None, created=2.5, boot_id="b", size=1024, params={"leave_running": True},
@@ -212,8 +212,8 @@ def test_snapshot_record_covers_checkpoint_and_listing_replies():
 
 
 def test_window_and_process_records_match_the_daemons_types():
-    from drums_core.display import Window
-    from drums_core.sessionprocs import ProcessInfo
+    from drums_core.session.display import Window
+    from drums_core.session.processes import ProcessInfo
 
     for daemon_value, record in ((Window(id=5, title="t", wm_class="c", mapped=True), records.Window),
                                  (ProcessInfo(pid=10, nspid=1, comm="init", ppid=9), records.Process)):

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from drums_core.errors import DrumsError, Unavailable
-from drums_osworld.guest_client import (
+from drums_osworld.guest.client import (
     GuestClient,
     GuestError,
     GuestHTTPError,

@@ -2,6 +2,7 @@
 reading, the survivors rule, two-phase directory removal, and that a second sweep is a no-op."""
 from __future__ import annotations
 
+import importlib
 import contextlib
 import json
 import os
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from drums_core import procs
-from drums_core import sweep as sweep_mod
+from drums_core.host import procs
 from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
-from drums_core.ledger import OWNER, Ledger, LedgerCorrupt, decode_key, encode_key, entry_filename, write_atomic
-from drums_core.sweep import sweep
+from drums_core.sweep.ledger import OWNER, Ledger, LedgerCorrupt, decode_key, encode_key, entry_filename, write_atomic
+from drums_core.sweep.sweep import sweep
+sweep_mod = importlib.import_module("drums_core.sweep.sweep")  # the module (drums_core.sweep.sweep is the function)
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -208,7 +209,7 @@ def test_encoding_roundtrip_and_hashing():
 
 # ================================================================== atomicity and corruption
 def _crash_in_child(root: Path, run: str, body: str) -> int:
-    code = (f"import os, sys\nsys.path.insert(0, {REPO!r})\nfrom drums_core.ledger import Ledger\n"
+    code = (f"import os, sys\nsys.path.insert(0, {REPO!r})\nfrom drums_core.sweep.ledger import Ledger\n"
             f"led = Ledger.open({str(root)!r}, {run!r})\n"
             "os.replace = lambda *a, **k: os._exit(9)\n" + body)
     return subprocess.run([sys.executable, "-c", code], timeout=60).returncode

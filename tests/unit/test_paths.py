@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from drums_core import procs
-from drums_core.ledger import Entry
-from drums_core.sweep import Part, parts_of, snapshot_published
+from drums_core.host import procs
+from drums_core.sweep.ledger import Entry
+from drums_core.sweep.sweep import Part, parts_of, snapshot_published
 
 
 # ------------------------------------------------------------------ path components
@@ -83,7 +83,7 @@ def test_clean_link_target():
 
 # ------------------------------------------------------------------ tags
 def test_tag_exact_element_match():
-    argv = ["python", "-m", "drums_core.sessioninit", "--tag", "drums:run1", "--session", "s"]
+    argv = ["python", "-m", "drums_core.session.init", "--tag", "drums:run1", "--session", "s"]
     assert procs.has_tag(argv, "drums:run1")
     assert not procs.has_tag(argv, "drums:run")
     assert not procs.has_tag(argv, "drums:run10")

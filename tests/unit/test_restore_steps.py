@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from drums_core.errors import FailedPrecondition, Internal, Unavailable
-from drums_core.restore_steps import RestoreStep, StepTrace, rolled_back, step_of
+from drums_core.session.restore_steps import RestoreStep, StepTrace, rolled_back, step_of
 
 
 def _leave(step: RestoreStep, exc: BaseException) -> BaseException:

@@ -1,0 +1,292 @@
+"""The one adapter between Drums and CRIU: pycriu's RPC over ``criu swrk`` with the provisioned binary.
+
+CRIU's log goes to a FIFO in the operation's work directory; a thread drains it, so a failure
+carries CRIU's own error lines (pycriu itself only reports an errno). Options are pinned here and
+nowhere else.
+"""
+from __future__ import annotations
+
+import logging
+import fcntl
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import CRIU_BIN, PYCRIU_PATH
+from ..errors import Internal, Unavailable
+
+try:
+    import pycriu  # noqa: F401
+except ImportError:  # the venv's .pth normally provides it; fall back to the prefix
+    import sys
+
+    sys.path.append(str(PYCRIU_PATH))
+    import pycriu  # noqa: F401
+import sys as _sys  # noqa: E402
+
+from pycriu import rpc_pb2 as rpc  # noqa: E402
+
+_pycriu_mod = _sys.modules["pycriu.criu"]  # the module; ``pycriu.criu`` is shadowed by the class
+
+LOG_NAME = "criu.log"
+log_module = logging.getLogger("drums.criu")
+
+
+@dataclass
+class CriuResult:
+    seconds: float
+    log: list[str] = field(default_factory=list)
+    pid: int | None = None
+
+
+class _LogPipe:
+    """A FIFO CRIU writes its log into, drained by a thread into memory."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.path = work_dir / LOG_NAME
+        if self.path.exists():
+            self.path.unlink()
+        os.mkfifo(self.path, 0o600)
+        self._rfd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._keep = os.open(self.path, os.O_WRONLY)  # keeps the reader from seeing EOF before CRIU opens it
+        os.set_blocking(self._rfd, True)
+        self.lines: list[str] = []
+        self._buf = b""
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._rfd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self._buf += chunk
+        self.lines = self._buf.decode("utf-8", "replace").splitlines()
+
+    def close(self) -> list[str]:
+        os.close(self._keep)
+        self._thread.join(timeout=5)
+        os.close(self._rfd)
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        return self.lines
+
+
+def error_lines(log: list[str], limit: int = 12) -> list[str]:
+    errs = [line for line in log if "Error" in line or "error" in line.lower() and "rlimit" not in line]
+    return errs[-limit:] if errs else log[-limit:]
+
+
+def _base_opts(images_dir: Path, work_fd: int, log_level: int) -> "rpc.criu_opts":
+    opts = rpc.criu_opts()
+    opts.images_dir_fd = -1
+    opts.images_dir = str(images_dir)
+    opts.work_dir_fd = work_fd
+    opts.log_file = LOG_NAME
+    opts.log_level = log_level
+    opts.manage_cgroups = True
+    opts.manage_cgroups_mode = rpc.IGNORE
+    opts.network_lock = rpc.SKIP
+    opts.auto_ext_mnt = True
+    opts.ext_sharing = True
+    opts.ext_masters = True
+    opts.file_locks = True
+    opts.evasive_devices = True
+    return opts
+
+
+def _watchdog(client, timeout: float, fired: list) -> threading.Timer:
+    """Kill CRIU's top process if the call outlives ``timeout``: a wedged CRIU must not wedge the daemon."""
+
+    def fire() -> None:
+        pid = getattr(client._comm, "swrk", None)
+        if pid:
+            fired.append(pid)
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    timer = threading.Timer(timeout, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
+    """``criu swrk`` started the way pycriu starts it, except that the child joins the session's
+    cgroup before it execs CRIU (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where
+    ``criu swrk`` runs, so the restored tree is born in the group), and that the forked child can
+    never return into the daemon's code: any failure there ends it with ``os._exit``. (pycriu's own
+    child lets an exec error propagate; a script written per call could meet ETXTBSY when another
+    thread forked meanwhile.)"""
+
+    def __init__(self, bin_path: str, cgroup_paths: list[str]) -> None:
+        super().__init__(bin_path)
+        self._procs = [p.rstrip("/") + "/cgroup.procs" for p in cgroup_paths]
+
+    def connect(self, daemon):
+        css = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fcntl.fcntl(css[1], fcntl.F_SETFD, fcntl.fcntl(css[1], fcntl.F_GETFD) | fcntl.FD_CLOEXEC)
+        fcntl.fcntl(css[0], fcntl.F_SETFD, fcntl.fcntl(css[0], fcntl.F_GETFD) & ~fcntl.FD_CLOEXEC)
+        self.daemon = False
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for path in self._procs:
+                    fd = os.open(path, os.O_WRONLY)
+                    os.write(fd, b"0")
+                    os.close(fd)
+                for fd in (0, 1, 2):
+                    os.close(fd)
+                css[0].send(struct.pack("i", os.getpid()))
+                os.execv(self.comm, [self.comm, "swrk", str(css[0].fileno())])
+            finally:
+                os._exit(1)
+        css[0].close()
+        try:
+            self.swrk = struct.unpack("i", css[1].recv(4))[0]
+        except struct.error:  # the child died before it could say its pid: CRIU never ran
+            os.waitpid(pid, 0)
+            css[1].close()
+            raise _pycriu_mod.CRIUExceptionInternal(rpc.RESTORE,
+                                                    "criu swrk did not start (cgroup join failed)") from None
+        self.sk = css[1]
+        return self.sk
+
+
+def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None) -> CriuResult:
+    client = pycriu.criu()
+    client.use_binary(str(CRIU_BIN))
+    if cgroup_paths:
+        client._comm = _SwrkInCgroup(str(CRIU_BIN), cgroup_paths)
+    client.opts.MergeFrom(opts)
+    pipe = _LogPipe(work_dir)
+    t0 = time.monotonic()
+    resp = None
+    failure: Exception | None = None
+    fired: list = []
+    timer = _watchdog(client, timeout, fired)
+    try:
+        resp = client.dump() if kind == "dump" else client.restore()
+    except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
+        failure = exc
+    finally:
+        timer.cancel()
+        log = pipe.close()
+    seconds = time.monotonic() - t0
+    if fired:
+        lines = error_lines(log)
+        raise Unavailable(f"criu {kind} did not finish within {timeout:.0f}s and was killed; last lines: "
+                          f"{' | '.join(log[-3:])}", reason="CRIU_TIMEOUT",
+                          detail={"criu_log": lines, "tail": log[-20:], "op": kind})
+    if failure is not None:
+        errno = getattr(failure, "errno", None)
+        lines = error_lines(log)
+        log_module.warning("criu %s failed (errno %s); the last lines of its log:\n%s", kind, errno,
+                           "\n".join(log[-60:]))
+        raise Unavailable(f"criu {kind} failed (errno {errno}): {' | '.join(lines[-3:])}",
+                          reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
+    return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
+
+
+# Directories a desktop's processes hold inotify watches on (the session bus watches its service and
+# config directories). Overlayfs gives CRIU no file handles, so it finds a watch's path by scanning
+# directories, /etc first (~50 ms on a Debian /etc); scanning these first finds them at once.
+IRMAP_HINTS = ("/etc/dbus-1", "/usr/share/dbus-1")
+
+# A file a process still has open or mapped after it was unlinked (a "ghost") is copied into the
+# images, up to this size each (CRIU's default is 1 MiB). Chromium unlinks its 4 MiB
+# BrowserMetrics-*.pma a few seconds after it starts and keeps it mapped: without this a desktop
+# with Chrome open could only be checkpointed in its first seconds. A larger ghost fails the dump
+# (CRIU_FAILED, the session goes on): the images stay bounded.
+GHOST_LIMIT = 64 << 20
+
+
+# A dump that meets a message with control data queued on a unix socket (credentials for a
+# receiver with SO_PASSCRED, as D-Bus and Chromium ask) fails with "Control messages in queue": the tasks are
+# resumed untouched, and the message is usually read within milliseconds, so the dump is tried
+# again after a pause, at most DUMP_ATTEMPTS times in all.
+TRANSIENT_DUMP_ERRORS = ("Control messages in queue",)
+DUMP_ATTEMPTS = 5
+DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
+
+
+def _transient(exc: Unavailable) -> bool:
+    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
+    return any(marker in line for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+
+
+def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
+         timeout: float = 120.0) -> CriuResult:
+    """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above)."""
+    pause = DUMP_RETRY_PAUSE
+    for attempt in range(1, DUMP_ATTEMPTS + 1):
+        try:
+            return _dump_once(pid, images_dir, work_dir, leave_running=leave_running, log_level=log_level,
+                              timeout=timeout)
+        except Unavailable as exc:
+            if attempt == DUMP_ATTEMPTS or not _transient(exc):
+                raise
+            log_module.info("criu dump of %d met a transient state (attempt %d): %s; again in %.1fs", pid, attempt,
+                     exc.message, pause)
+            for entry in os.scandir(images_dir):  # the failed attempt's partial images
+                if entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+            time.sleep(pause)
+            pause *= 2
+    raise AssertionError("unreachable")
+
+
+def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, log_level: int,
+               timeout: float) -> CriuResult:
+    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    try:
+        os.set_inheritable(work_fd, True)
+        opts = _base_opts(images_dir, work_fd, log_level)
+        opts.pid = pid
+        opts.leave_running = leave_running
+        opts.tcp_established = True
+        opts.irmap_scan_paths.extend(IRMAP_HINTS)
+        opts.ghost_limit = GHOST_LIMIT
+        return _call("dump", opts, work_dir, timeout)
+    finally:
+        os.close(work_fd)
+
+
+def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2,
+            timeout: float = 60.0, cgroup_paths: list[str] | None = None) -> CriuResult:
+    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    try:
+        os.set_inheritable(work_fd, True)
+        opts = _base_opts(images_dir, work_fd, log_level)
+        opts.root = str(root)
+        opts.tcp_established = True
+        opts.tcp_close = True
+        opts.rst_sibling = False
+        for inner, outer in veth_pairs.items():
+            pair = opts.veths.add()
+            pair.if_in = inner
+            pair.if_out = outer
+        res = _call("restore", opts, work_dir, timeout, cgroup_paths)
+        if not res.pid:
+            raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
+        return res
+    finally:
+        os.close(work_fd)
+
+
+def version() -> str:
+    import subprocess
+
+    out = subprocess.run([str(CRIU_BIN), "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.strip()

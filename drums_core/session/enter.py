@@ -1,0 +1,72 @@
+"""Run a command inside a session with the session's containment: what ``drums exec`` starts.
+
+Run by the supervisor as ``python -m drums_core.session.enter '<spec as JSON>'`` (host root). Everything this
+process needs is imported and built before it enters the session, and nothing of the session runs
+before the hardening is in place: it joins the session's cgroup, enters the pid, net, uts, ipc,
+mount and user namespaces of the session's init (through fds opened first), chroots to the init's
+root, drops the capability bounding set, loads the seccomp filter, becomes the session's root or
+``user``, and only then forks and execs the command (a program the session may have replaced is
+thus never run with more than the session's own rights). Exit status: the command's own, or 125
+when entering failed (with the reason on stderr).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import cgroups, containment
+from ..host import linux
+
+_NS_ORDER = (("pid", linux.CLONE_NEWPID), ("net", linux.CLONE_NEWNET), ("uts", linux.CLONE_NEWUTS),
+             ("ipc", linux.CLONE_NEWIPC), ("mnt", linux.CLONE_NEWNS), ("user", linux.CLONE_NEWUSER))
+
+
+def enter(spec: dict) -> int:
+    pid = int(spec["pid"])
+    seccomp_filter = containment.seccomp_filter()
+    ns_fds = [(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag) for name, flag in _NS_ORDER]
+    root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    if spec.get("cgroup"):
+        cgroups.enter(spec["cgroup"])
+    for fd, flag in ns_fds:  # the user namespace last: host root's rights over the others first
+        linux.setns(fd, flag)
+        os.close(fd)
+    os.fchdir(root_fd)
+    os.chroot(".")
+    os.close(root_fd)
+    containment.drop_bounding_set()
+    uid = int(spec.get("uid", 0))
+    os.setgroups([uid] if uid else [])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.chdir(spec.get("cwd") or "/")
+    containment.install_seccomp(seccomp_filter)
+    child = os.fork()  # the pid namespace applies to children
+    if child == 0:
+        try:
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        except OSError as exc:
+            sys.stderr.write(f"drums exec: {spec['argv'][0]}: {exc.strerror}\n")
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    while True:
+        _, status = os.waitpid(child, 0)
+        if os.WIFEXITED(status):
+            return os.WEXITSTATUS(status)
+        if os.WIFSIGNALED(status):
+            return 128 + os.WTERMSIG(status)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    try:
+        code = enter(spec)
+    except OSError as exc:
+        sys.stderr.write(f"drums exec: could not enter session: {exc}\n")
+        code = 125
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Overlay roots: the desktop image layer, per-session uppers, and freezing an upper into a layer."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from ..host import linux, safepath
+from ..config import GUEST_CODE, GUEST_SITE
+
+
+def is_mountpoint(path: Path) -> bool:
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            if line.split()[4] == target:
+                return True
+    return False
+
+
+def ensure_tmpfs(path: Path, size: str = "50%") -> bool:
+    """Mount a private tmpfs at ``path`` unless one is there. Returns True when it mounted one."""
+    path.mkdir(parents=True, exist_ok=True)
+    if is_mountpoint(path):
+        return False
+    linux.mount("tmpfs", str(path), "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, f"mode=700,size={size}")
+    linux.mount("none", str(path), None, linux.MS_PRIVATE)
+    return True
+
+
+def build_code_layer(parent: Path, owner: int) -> Path:
+    """The Drums code layer: this package's Python sources at ``GUEST_CODE`` inside every session.
+
+    Laid over the image, so the session init and the guest server run from inside the session (the
+    image's own Python, never the host's venv). Named by a hash of the sources, so a daemon of
+    another version never reuses it; owned by the session's root (``owner``), like the image.
+    """
+    here = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) holding both packages
+    files: list[tuple[Path, str]] = []
+    for pkg in ("drums_core", "drums_osworld"):
+        for p in sorted((here / pkg).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed", ".json"):
+                files.append((p, str(p.relative_to(here))))
+    digest = hashlib.sha256(GUEST_SITE.encode())
+    for p, rel in files:
+        digest.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    layer = parent / f"code-{digest.hexdigest()[:16]}-{owner}"
+    if layer.is_dir():
+        return layer
+    tmp = parent / f".{layer.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    dest = tmp / GUEST_CODE.lstrip("/")
+    for p, rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(p, dest / rel)
+    # the image's guest Python finds the code for every program of the session, agents' own included
+    site = tmp / GUEST_SITE.lstrip("/")
+    site.mkdir(parents=True)
+    (site / "drums-code.pth").write_text(GUEST_CODE + "\n")
+    for dirpath, dirs, names in os.walk(tmp):
+        for name in [*dirs, *names]:
+            full = os.path.join(dirpath, name)
+            os.lchown(full, owner, owner)
+            os.chmod(full, 0o755 if name in dirs else 0o644)
+    os.chown(tmp, owner, owner)
+    os.chmod(tmp, 0o755)
+    try:
+        tmp.rename(layer)
+    except OSError:  # another daemon made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return layer
+
+
+def _escape_layer(path: str) -> str:
+    return path.replace("\\", "\\\\").replace(":", "\\:").replace(",", "\\,")
+
+
+def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Path) -> None:
+    """The session root (``:``, ``,`` and ``\\`` in layer paths escaped as overlay's option parser wants).
+
+    ``index=on,nfs_export=on`` make the overlay's file handles openable again: CRIU dumps an
+    inotify watch (the system bus's on ``/usr/share/dbus-1/system.d``, a file manager's on the home
+    folder) by opening its handle, and without them it must guess the path from a scan of a few
+    folders, which fails for most of what desktop applications watch ("Can't dump that handle")."""
+    lowerdir = ":".join(_escape_layer(str(p)) for p in lowers)
+    opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on,index=on,nfs_export=on"
+    linux.mount("overlay", str(target), "overlay", 0, opts)
+    linux.mount("none", str(target), None, linux.MS_PRIVATE)
+
+
+def unmount_tree(target: Path) -> int:
+    """Unmount ``target`` and everything under it, deepest first. Returns how many were unmounted."""
+    real = os.path.realpath(target)
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            if point == real or point.startswith(real + "/"):
+                mounts.append(point)
+    count = 0
+    for point in sorted(mounts, key=len, reverse=True):
+        try:
+            linux.umount(point, linux.MNT_DETACH)
+            count += 1
+        except OSError:
+            if is_mountpoint(Path(point)):
+                raise
+    return count
+
+
+def write_session_files(root: Path, hostname: str, machine_id: str, owner: int,
+                        spec_json: str | None = None) -> None:
+    """The reseeded identity files, written through :mod:`drums_core.host.safepath`: the root is the
+    session's, so a symlink it planted on any of these paths fails the write (``UNSAFE_PATH``)."""
+    r = str(root)
+    ids = (owner, owner)
+    safepath.write_file(r, "etc/hostname", hostname + "\n", owner=ids)
+    safepath.write_file(r, "etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost ip6-localhost\n",
+                        owner=ids)
+    safepath.write_file(r, "etc/machine-id", machine_id + "\n", mode=0o444, owner=ids)
+    if spec_json is not None:
+        safepath.make_dir(r, "etc/drums", owner=ids)
+        safepath.write_file(r, "etc/drums/session.json", spec_json, owner=ids)
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
