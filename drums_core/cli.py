@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+from . import cli_registry
 from .client import Client
 from .errors import DrumsError
 from .records import json_default
@@ -188,16 +189,30 @@ def _output_file(text: str) -> str:
 
 
 # ------------------------------------------------------------------ the parser
-# Commands whose options are parsed by their own module (on use only: drums_core never imports
-# drums_osworld at module level): name -> (module, function building its parser, function to run).
+# The engine's commands whose options are parsed by their own module (imported on use):
+# name -> (module, function building its parser, function to run).
 PASSTHROUGH = {
     "doctor": ("drums_core.host.doctor", "build_parser", "main"),
     "image": ("drums_core.host.images", "build_parser", "main"),
-    "bench": ("drums_osworld.bench", "_parser", "main"),
-    "rollouts": ("drums_osworld.apps.rollouts", "build_parser", "main"),
 }
-# Global options each passthrough command takes from `drums` (the others it ignores).
-_PASSED_GLOBALS = {"bench": ("instance", "slot_base"), "rollouts": ("instance",)}
+# Commands a package above the engine provides (drums_core.cli_registry; drums_core imports none of
+# them): `drums` lists them, and says which is missing when no installed package provides it.
+PROVIDED = ("bench", "rollouts")
+
+
+def passthrough(name: str) -> tuple[str, str, str] | None:
+    """(module, function building its parser, function to run) of a command that parses its own
+    options; None for the others and for a provided command nobody provides."""
+    if name in PASSTHROUGH:
+        return PASSTHROUGH[name]
+    c = cli_registry.command(name) if name in PROVIDED else None
+    return (c.module, c.build_parser, c.main) if c else None
+
+
+def _passed_globals(name: str) -> tuple[str, ...]:
+    """The global options a passthrough command takes from `drums` (the others it ignores)."""
+    c = cli_registry.command(name) if name in PROVIDED else None
+    return c.globals if c else ()
 
 
 def _global_options() -> argparse.ArgumentParser:
@@ -331,7 +346,7 @@ def _instance(args):
 def passthrough_argv(args, rest: list[str]) -> list[str]:
     """The arguments a passthrough command's own ``main`` gets: the global options it takes, then ``rest``."""
     forwarded = ["--json"] if args.json else []
-    for name in _PASSED_GLOBALS.get(args.cmd, ()):
+    for name in _passed_globals(args.cmd):
         value = getattr(args, name)
         if value is not None:
             forwarded += [f"--{name.replace('_', '-')}", str(value)]
@@ -350,7 +365,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     for k, v in GLOBAL_DEFAULTS.items():
         if not hasattr(args, k):
             setattr(args, k, v)
-    if args.cmd in PASSTHROUGH:
+    if args.cmd in PASSTHROUGH or args.cmd in PROVIDED:
+        if passthrough(args.cmd) is None:
+            cmds[args.cmd].error(cli_registry.missing(f"`drums {args.cmd}`"))
         return args, rest
     if rest:
         cmds[args.cmd].error(f"unrecognized arguments: {' '.join(rest)}")
@@ -373,6 +390,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             args.network_spec = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
         except DrumsError as exc:
             cmds["up"].error(f"bad network: {exc}")  # the message and its [REASON]
+        if not args.bare and cli_registry.desktop() is None:
+            cmds["up"].error(cli_registry.missing("the desktop `drums up` boots without --bare"))
     return args, []
 
 
@@ -392,8 +411,8 @@ def _main(argv: list[str]) -> int:
     import importlib
 
     args, rest = parse(argv)
-    if args.cmd in PASSTHROUGH:
-        module, _, fn = PASSTHROUGH[args.cmd]
+    if args.cmd in PASSTHROUGH or args.cmd in PROVIDED:
+        module, _, fn = passthrough(args.cmd)  # parse() made sure there is one
         return getattr(importlib.import_module(module), fn)(passthrough_argv(args, rest))
     status = EXIT_EXEC_DRUMS if args.cmd == "exec" else EXIT_FAILED
     try:
@@ -416,11 +435,11 @@ def _run(args, client: Client) -> int:
         guest_port = None
         if args.bare:
             spec = {"image": args.image or "default", "programs": programs}
-        else:  # on use only: drums_core stays OSWorld-free
-            from drums_osworld.desktop import GUEST_PORT, OSWORLD_IMAGE, desktop_spec
+        else:  # the provider's desktop (parse() made sure there is one): drums_core stays OSWorld-free
+            import importlib
 
-            spec = desktop_spec((w, h), args.image or OSWORLD_IMAGE, extra_programs=programs)
-            guest_port = GUEST_PORT
+            d = cli_registry.desktop()
+            spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs)
         spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": args.network_spec})
         s = client.create(spec)
         if guest_port is not None:

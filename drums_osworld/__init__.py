@@ -62,6 +62,17 @@ def register() -> None:
 __getattr__, __dir__ = lazy_exports(globals(), _LAZY)
 
 
+def register_cli() -> None:
+    """Provide ``drums bench``, ``drums rollouts`` and the desktop ``drums up`` boots without ``--bare``
+    (idempotent; imports nothing of them). The installed ``drums`` declares it in the entry-point
+    group ``drums.cli``, and ``import drums_osworld`` calls it (see :mod:`drums_core.cli_registry`)."""
+    from drums_core.cli_registry import Command, Desktop, register_command, register_desktop
+
+    register_command(Command("bench", "drums_osworld.bench", build_parser="_parser", globals=("instance", "slot_base")))
+    register_command(Command("rollouts", "drums_osworld.apps.rollouts", globals=("instance",)))
+    register_desktop(Desktop("drums_osworld.desktop", "cli_desktop"))
+
+
 def _on_import() -> None:
     import importlib.util
 
@@ -75,6 +86,7 @@ def _on_import() -> None:
             present = False
         if present:
             getattr(importlib.import_module(module), hook)()
+    register_cli()
 
 
 _on_import()

@@ -42,6 +42,13 @@ def desktop_spec(screen: tuple[int, int] = (1920, 1080), image: str = DEFAULT_IM
             "ready_timeout": 120.0, **extras}
 
 
+def cli_desktop(screen: tuple[int, int], image: str | None, programs: list[dict]) -> tuple[dict, int]:
+    """What ``drums up`` boots without ``--bare`` (registered by :func:`drums_osworld.register_cli`):
+    (an OSWorld desktop's session spec on ``image``, default :data:`OSWORLD_IMAGE`, with ``programs``
+    added; the guest server's port)."""
+    return desktop_spec(screen, image or OSWORLD_IMAGE, extra_programs=programs), GUEST_PORT
+
+
 @dataclass
 class Desktop:
     """One live desktop: ``session`` is the daemon's record of it, ``guest`` talks to its server."""

@@ -36,6 +36,12 @@ SUITE_DAEMON_ENV = {"DRUMS_LIVENESS_DELAY": "3", "DRUMS_TEST_HOOKS": "1"}
 os.environ.update(SUITE_DAEMON_ENV)
 
 
+# `drums` in a subprocess, with drums_osworld imported first so that it registers what it adds to the
+# CLI (`drums up`'s desktop, `bench`, `rollouts`: drums_core.cli_registry). An installed drums finds
+# them through its entry-point group `drums.cli`; this checkout may run against older installed metadata.
+DRUMS_CLI = [sys.executable, "-c", "import sys, drums_osworld; from drums_core.cli import main; sys.exit(main())"]
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("this test needs root (real namespaces, mounts, CRIU)")

@@ -6,13 +6,13 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import DRUMS_CLI, REPO
 
 
 def drums(instance, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, DRUMS_INSTANCE=instance.name, DRUMS_SLOT_BASE=str(instance.slot_base),
                DRUMS_SLOT_COUNT=str(instance.slot_count), PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True, env=env,
+    out = subprocess.run([*DRUMS_CLI, *args], capture_output=True, text=True, env=env,
                          timeout=300)
     if check:
         assert out.returncode == 0, (args, out.stdout, out.stderr)

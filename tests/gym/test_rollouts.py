@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from drums_core.client import Client
 from drums_osworld.apps.rollouts import load_scripts, run_rollouts
 from drums_osworld.tasks import load_task, tasks_dir
+from tests.conftest import DRUMS_CLI
 
 from gymlib import run_script, snapshot_ids
 
@@ -86,7 +86,7 @@ def test_rollouts_cli_four_writer_branches(client, instance_env, writer_typed, t
     actions.write_text(json.dumps(scripts))
     out = tmp_path / "out"
     before = snapshot_ids(client)
-    r = subprocess.run([sys.executable, "-m", "drums_core.cli", "rollouts", "--task", str(WRITER_TASK),
+    r = subprocess.run([*DRUMS_CLI, "rollouts", "--task", str(WRITER_TASK),
                         "--from-state", writer_typed, "--branches", "4", "--actions", str(actions),
                         "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=540)
     assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-3000:]}"

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+import drums_osworld  # noqa: F401 - registers what it adds to the CLI (bench, rollouts, up's desktop)
 from drums_core import cli
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition
+from tests.conftest import DRUMS_CLI
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +43,8 @@ def _walk(parser: argparse.ArgumentParser, path: str):
 def _all_parsers():
     parser, cmds = cli.build_parser()
     yield "drums", parser
-    for name, (module, build, _) in cli.PASSTHROUGH.items():
+    for name in (*cli.PASSTHROUGH, *cli.PROVIDED):
+        module, build, _ = cli.passthrough(name)
         yield f"drums {name}", getattr(importlib.import_module(module), build)()
 
 
@@ -59,7 +62,7 @@ def test_every_option_of_every_command_has_help():
 
 def test_commands_and_passthrough_table_agree():
     _, cmds = cli.build_parser()
-    assert set(REQUIRED) | set(cli.PASSTHROUGH) == set(cmds)
+    assert set(REQUIRED) | set(cli.PASSTHROUGH) | set(cli.PROVIDED) == set(cmds)
 
 
 @pytest.mark.parametrize("cmd", sorted(REQUIRED))
@@ -114,7 +117,7 @@ def test_screen_values():
 def _drums(*args: str, cwd: str = "/") -> subprocess.CompletedProcess:
     # an instance nobody runs and no daemon autostart: every case below must fail at parse time
     env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE="no-such-instance-cli-unit")
-    return subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
+    return subprocess.run([*DRUMS_CLI, *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=60)
 
 

@@ -1,0 +1,169 @@
+"""The layout by layer (README: Layout): the engine (``drums_core``) imports nothing of the layer above
+it (``drums_osworld``), checked statically over every module; the folders of each layer exist; the
+modules run with ``python -m`` keep their names; the CLI finds what the upper layer adds to it
+through the entry-point group ``drums.cli``; the guest's package imports inside a bare Python."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+UPPER = "drums_osworld"
+
+CORE_TOP = {"__init__", "client", "cli", "cli_registry", "errors", "config", "records", "lazy"}
+CORE_LAYERS = {
+    "daemon": {"server", "recovery", "purge"},
+    "session": {"supervisor", "restore_steps", "init", "launch", "enter", "containment", "cgroups", "rootfs",
+                "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat"},
+    "store": {"snapshots", "budget", "transfer"},
+    "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images"},
+    "sweep": {"sweep", "ledger"},
+}
+OSWORLD_TOP = {"__init__", "actions", "progress", "tasks", "desktop", "setup_journal"}
+OSWORLD_LAYERS = {
+    "gym": {"env"}, "farm": {"pool", "node", "local"}, "guest": {"client", "a11y_guard", "server"},
+    "apps": {"demo", "rollouts", "run"}, "provider": {"provider"}, "snapshot": {"branch", "reuse"},
+    "catalog": set(), "image": set(), "evaluation": set(), "bench": set(),
+}
+
+
+def _imports_of(path: Path, text: str | None = None) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a file of the checkout, relative ones resolved,
+    plus the string arguments of ``importlib.import_module`` / ``__import__`` calls."""
+    package = list(path.relative_to(REPO).parts[:-1])  # a module's package; an __init__'s is its folder
+    found = []
+    source = path.read_text() if text is None else text
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if fname in ("import_module", "__import__"):
+                found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def test_no_module_of_drums_core_imports_drums_osworld():
+    files = sorted((REPO / "drums_core").rglob("*.py"))
+    assert len(files) > 40, files  # the walk found the engine
+    bad = [f"{p.relative_to(REPO)}:{line}: {name}" for p in files for line, name in _imports_of(p)
+           if name == UPPER or name.startswith(UPPER + ".")]
+    assert not bad, f"the engine imports the layer above it: {bad}"
+
+
+def test_the_import_check_sees_relative_and_dynamic_imports():
+    # the checker itself: an absolute, a dynamic and a relative import climbing out of drums_core
+    text = ("import drums_osworld.gym\nimportlib.import_module('drums_osworld.desktop')\n"
+            "from ...drums_osworld import tasks\n")
+    names = sorted(n for _, n in _imports_of(REPO / "drums_core" / "session" / "probe.py", text))
+    assert names == ["drums_osworld", "drums_osworld.desktop", "drums_osworld.gym"], names
+
+
+def _modules(folder: Path) -> set[str]:
+    return {p.stem for p in folder.glob("*.py")}
+
+
+def test_drums_core_is_laid_out_by_layer():
+    core = REPO / "drums_core"
+    assert _modules(core) <= CORE_TOP, f"modules at drums_core's top level that belong in a layer: " \
+                                       f"{sorted(_modules(core) - CORE_TOP)}"
+    for layer, modules in CORE_LAYERS.items():
+        assert (core / layer / "__init__.py").is_file(), f"drums_core/{layer}/ is not a package"
+        lacking = sorted(modules - _modules(core / layer))
+        assert not lacking, f"drums_core/{layer}/ lacks {lacking}"
+
+
+def test_drums_osworld_is_laid_out_by_layer():
+    top = REPO / "drums_osworld"
+    assert _modules(top) <= OSWORLD_TOP, f"modules at drums_osworld's top level that belong in a folder: " \
+                                         f"{sorted(_modules(top) - OSWORLD_TOP)}"
+    for folder, modules in OSWORLD_LAYERS.items():
+        assert (top / folder / "__init__.py").is_file(), f"drums_osworld/{folder}/ is not a package"
+        lacking = sorted(modules - _modules(top / folder))
+        assert not lacking, f"drums_osworld/{folder}/ lacks {lacking}"
+
+
+@pytest.mark.parametrize("module", ["drums_core.daemon", "drums_core.sweep", "drums_core.session.launch",
+                                    "drums_core.session.init", "drums_core.session.enter", "drums_core.host.doctor",
+                                    "drums_core.host.images", "drums_osworld.guest", "drums_osworld.apps.demo",
+                                    "drums_osworld.apps.run", "drums_osworld.bench"])
+def test_modules_run_with_python_m_are_there(module):
+    spec = importlib.util.find_spec(module)
+    assert spec is not None, module
+    if spec.submodule_search_locations is not None:  # a package: `python -m` runs its __main__
+        assert importlib.util.find_spec(module + ".__main__") is not None, module
+
+
+def test_sweep_package_reexports_the_sweep():
+    import drums_core.sweep as pkg
+
+    mod = sys.modules["drums_core.sweep.sweep"]
+    for name in ("sweep", "sweep_instance", "session_selector", "RunReport", "RunStatus", "SweepReport", "main"):
+        assert getattr(pkg, name) is getattr(mod, name), name
+
+
+def _python(code: str, *, path: list[str], bare: bool = False) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    argv = [sys.executable, *(["-S"] if bare else []), "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", timeout=60)
+
+
+def test_cli_loads_the_upper_layers_commands_from_the_entry_point_group(tmp_path):
+    # a real distribution's metadata declaring the group (what setup.cfg declares for the installed drums)
+    dist = tmp_path / "drums_entry_probe-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: drums-entry-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[drums.cli]\nosworld = drums_osworld:register_cli\n")
+    code = ("import sys\nfrom drums_core import cli, cli_registry\n"
+            "assert 'drums_osworld' not in sys.modules\n"
+            "print(cli.passthrough('bench'), cli.passthrough('rollouts'), cli_registry.desktop())")
+    out = _python(code, path=[str(tmp_path), str(REPO)])
+    assert out.returncode == 0, out.stderr
+    assert "drums_osworld.bench" in out.stdout and "drums_osworld.apps.rollouts" in out.stdout, out.stdout
+    assert "cli_desktop" in out.stdout, out.stdout
+
+
+def test_setup_cfg_declares_the_cli_group():
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    group = cfg["options.entry_points"]["drums.cli"]
+    assert "drums_osworld:register_cli" in group, group
+
+
+@pytest.mark.parametrize("argv,what", [(["bench", "branch"], "`drums bench`"),
+                                       (["rollouts", "--task", "t"], "`drums rollouts`"),
+                                       (["up"], "the desktop `drums up` boots")])
+def test_cli_without_a_provider_says_so(argv, what):
+    # a Python without site-packages: no installed drums metadata, nothing registered
+    code = f"import sys\nfrom drums_core.cli import main\nsys.exit(main({argv!r}))"
+    env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE="no-such-instance-layers")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd="/",
+                         timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and "no installed package provides" in lines[0] and what in lines[0], out.stderr
+
+
+def test_the_guest_package_imports_in_a_bare_python():
+    # inside a desktop the code layer holds both packages and the image's Python has neither OSWorld
+    # nor gymnasium: importing the guest's package must need no third-party package
+    code = "import drums_osworld.guest, drums_osworld.guest.a11y_guard; print('ok')"
+    out = _python(code, path=[str(REPO)], bare=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
