@@ -72,7 +72,7 @@ class Snapshot:
     state: str = "published"
     image_hash: str | None = None  # content hash of the image the session ran on (None: made over the host's /)
     id_base: int | None = None     # host id of the session's uid 0 (files in its layers are owned from there)
-    retention: str = "pinned"      # "cache": the store may evict it when nothing uses it (see storebudget)
+    retention: str = "pinned"      # "cache": the store may evict it when nothing uses it (see store.budget)
 
     def to_dict(self) -> dict:
         return asdict(self)
