@@ -124,7 +124,7 @@ def other_daemons(own: Iterable[str]) -> list[str]:
             argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"drums_core.daemon.server" in argv and b"--instance" in argv:
+        if b"drums_core.daemon" in argv and b"--instance" in argv:
             inst = argv[argv.index(b"--instance") + 1].decode(errors="replace")
             if inst not in own:
                 found.append(inst)
