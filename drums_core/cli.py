@@ -441,7 +441,7 @@ def _run(args, client: Client) -> int:
             d = cli_registry.desktop()
             spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs)
         spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": args.network_spec})
-        s = client.create(spec)
+        s = client.create(spec).to_dict()  # a Session is read-only: the document gets the guest URL
         if guest_port is not None:
             s["guest_url"] = f"http://{s['address']}:{guest_port}"
         url = f" {s['guest_url']}" if s.get("guest_url") else ""
