@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from . import common
+from ..progress import progress
 
 PROTOTYPE = {"full_reset_s": 2.17, "revert_s": 0.82}
 MODES = ["none", "post_setup"]
@@ -73,7 +74,7 @@ def run_osworld(opts) -> dict:
     rows: list[dict] = []
     with common.BenchInstance(insts["main"]) as bi:
         host = common.host_facts([bi.instance.name])
-        bar = common.progress(len(tasks) * len(MODES) * (rollouts + 1), "osworld", opts.no_progress)
+        bar = progress(len(tasks) * len(MODES) * (rollouts + 1), "osworld", opts.no_progress)
         with tempfile.TemporaryDirectory(prefix="drums-bench-osworld-") as tmp:
             args = json.dumps({"tasks": [str(t) for t in tasks], "modes": MODES, "rollouts": rollouts})
             proc = subprocess.Popen([str(py), "-m", "drums_osworld.bench.osworld", "--worker", args], cwd=tmp,
