@@ -159,7 +159,7 @@ def engine_windows() -> set[str]:
     from drums_core.sweep.sweep import FAULT_WINDOWS
 
     found: set[str] = set(FAULT_WINDOWS)
-    for path in (REPO / "drums_core").glob("*.py"):
+    for path in (REPO / "drums_core").rglob("*.py"):
         found |= set(re.findall(r"""faults\.hit\(\s*["']([^"']+)["']\s*\)""", path.read_text()))
     return found
 
