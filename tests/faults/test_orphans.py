@@ -102,6 +102,11 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     cold = c.create({})
     sessions = [c.wait_live(s["id"]) for s in (*restored, cold)]
     assert all(s["state"] == "RUNNING" for s in sessions)
+    # A cold session is handed back once its X server draws; its init goes on to start the session
+    # bus after that. Every process the sweep must reap is there once the bus's socket is.
+    # (the check runs inside the session: its /run/user is its own mount)
+    assert _wait(lambda: c.exec(cold["id"], ["test", "-S", "/run/user/1000/bus"])["returncode"] == 0, 20,
+                 step=0.2), "the cold session's D-Bus never started"
     held = _holdings(inst, sessions)
     table = nft_table_name(run)
     assert table in _nft_names()
