@@ -78,24 +78,22 @@ def _modules(folder: Path) -> set[str]:
     return {p.stem for p in folder.glob("*.py")}
 
 
+def _check_layout(package: str, top_level: set[str], layers: dict[str, set[str]]) -> None:
+    top = REPO / package
+    assert _modules(top) <= top_level, f"modules at {package}'s top level that belong in a layer: " \
+                                       f"{sorted(_modules(top) - top_level)}"
+    for layer, modules in layers.items():
+        assert (top / layer / "__init__.py").is_file(), f"{package}/{layer}/ is not a package"
+        lacking = sorted(modules - _modules(top / layer))
+        assert not lacking, f"{package}/{layer}/ lacks {lacking}"
+
+
 def test_drums_core_is_laid_out_by_layer():
-    core = REPO / "drums_core"
-    assert _modules(core) <= CORE_TOP, f"modules at drums_core's top level that belong in a layer: " \
-                                       f"{sorted(_modules(core) - CORE_TOP)}"
-    for layer, modules in CORE_LAYERS.items():
-        assert (core / layer / "__init__.py").is_file(), f"drums_core/{layer}/ is not a package"
-        lacking = sorted(modules - _modules(core / layer))
-        assert not lacking, f"drums_core/{layer}/ lacks {lacking}"
+    _check_layout("drums_core", CORE_TOP, CORE_LAYERS)
 
 
 def test_drums_osworld_is_laid_out_by_layer():
-    top = REPO / "drums_osworld"
-    assert _modules(top) <= OSWORLD_TOP, f"modules at drums_osworld's top level that belong in a folder: " \
-                                         f"{sorted(_modules(top) - OSWORLD_TOP)}"
-    for folder, modules in OSWORLD_LAYERS.items():
-        assert (top / folder / "__init__.py").is_file(), f"drums_osworld/{folder}/ is not a package"
-        lacking = sorted(modules - _modules(top / folder))
-        assert not lacking, f"drums_osworld/{folder}/ lacks {lacking}"
+    _check_layout("drums_osworld", OSWORLD_TOP, OSWORLD_LAYERS)
 
 
 @pytest.mark.parametrize("module", ["drums_core.daemon", "drums_core.sweep", "drums_core.session.launch",
