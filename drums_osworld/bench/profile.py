@@ -135,6 +135,47 @@ def criu_timeline(log: list[str]) -> dict:
     return out
 
 
+def _stamped(log: list[str]) -> list[tuple[float, str]]:
+    out = []
+    for line in log:
+        m = re.match(r"\((\d+\.\d+)\)\s?(.*)", line)
+        if m:
+            out.append((float(m.group(1)) * 1e3, m.group(2)))
+    return out
+
+
+def dump_timeline(log: list[str]) -> dict:
+    """Split a level-4 CRIU dump log: fixed work before the first task, each task's fixed part (seize,
+    parasite, files, mm) and its pages, namespaces and images, in ms. ``floor without pages`` is the
+    dump's time minus every task's page-writing time: what even a dump that wrote no memory would cost."""
+    ts = _stamped(log)
+    if not ts:
+        return {}
+    tasks: list[dict] = []
+    ns_start = None
+    for t, msg in ts:
+        m = re.match(r"Dumping task \(pid: (\d+) comm: (.*)\)", msg)
+        if m:
+            if tasks:
+                tasks[-1]["end"] = t
+            tasks.append({"comm": m.group(2), "start": t, "pages": None})
+        elif tasks and msg.startswith("Dumping pages (type") and tasks[-1]["pages"] is None:
+            tasks[-1]["pages"] = t
+        elif tasks and ns_start is None and ("Dumping mount namespaces" in msg or "mnt: Dumping mountpoints" in msg):
+            ns_start = t
+    end = ts[-1][0]
+    if not tasks:
+        return {"end": round(end, 1)}
+    tasks[-1].setdefault("end", ns_start or end)
+    per_task = [{"comm": x["comm"], "fixed": round((x["pages"] or x["end"]) - x["start"], 1),
+                 "pages and after": round(x["end"] - (x["pages"] or x["end"]), 1)} for x in tasks]
+    pages_total = sum(x["pages and after"] for x in per_task)
+    return {"before first task": round(tasks[0]["start"], 1), "tasks": len(per_task),
+            "tasks fixed total": round(sum(x["fixed"] for x in per_task), 1), "tasks pages total": round(pages_total, 1),
+            "after last task (namespaces, images)": round(end - tasks[-1]["end"], 1), "end": round(end, 1),
+            "floor without pages": round(end - pages_total, 1), "per task": per_task}
+
+
 def run_profile(opts) -> dict:
     from drums_core.session import criu
     from drums_core.session.supervisor import Supervisor
@@ -151,6 +192,10 @@ def run_profile(opts) -> dict:
     per_restore: list[dict] = []
     ready_cmp: list[dict] = []
     timeline: dict = {}
+    n_dumps = 2 if opts.quick else 5
+    dump_calls: list[float] = []
+    dump_logs: list[list[str]] = []
+    dump_split: dict = {}
     sup = None
     bar = progress(2 + n, "profile", opts.no_progress)
     try:
@@ -198,10 +243,30 @@ def run_profile(opts) -> dict:
         criu.restore = restore_v4
         try:
             [r] = sup.restore(snap.id)
-            sup.destroy(r.id)
         finally:
             criu.restore = orig
         timeline = criu_timeline(logs[0]) if logs else {}
+        # the floor of a checkpoint that leaves the desktop running: calls at the engine's log level,
+        # then one at level 4 for CRIU's own split (fixed costs before any page, per task, namespaces)
+        for i in range(n_dumps):
+            t0 = time.perf_counter()
+            sup.checkpoint(r.id, name=f"profile-lr{i}", leave_running=True)
+            dump_calls.append(time.perf_counter() - t0)
+        orig_dump = criu.dump
+
+        def dump_v4(*a, **k):
+            k["log_level"] = 4
+            res = orig_dump(*a, **k)
+            dump_logs.append(res.log)
+            return res
+
+        criu.dump = dump_v4
+        try:
+            sup.checkpoint(r.id, name="profile-lr-v4", leave_running=True)
+        finally:
+            criu.dump = orig_dump
+        dump_split = dump_timeline(dump_logs[0]) if dump_logs else {}
+        sup.destroy(r.id)
         bar.update()
     finally:
         w.undo()
@@ -233,12 +298,16 @@ def run_profile(opts) -> dict:
         "suite": "profile", "quick": opts.quick, "host": host,
         "params": {"restores": n, "instance": inst.name, "in_process_supervisor": True},
         "per_restore": per_restore, "phase_stats_s": stats, "readiness_side_by_side_s": rc,
-        "criu_timeline_ms": timeline, "cleanup": cleanup,
+        "criu_timeline_ms": timeline, "criu_log_level4": logs[0] if logs else [],
+        "checkpoint_leave_running_s": summary(dump_calls), "criu_dump_split_ms": dump_split,
+        "criu_dump_log_level4": dump_logs[0] if dump_logs else [], "cleanup": cleanup,
         "summary": {"restore call p50 ms": round(stats["restore_call"]["p50"] * 1e3, 1),
                     "criu p50 ms": round(stats.get("criu.restore", {"p50": 0})["p50"] * 1e3, 1),
                     "display.wait_ready p50 ms": round(stats.get("display.wait_ready", {"p50": 0})["p50"] * 1e3, 1),
                     "lean readiness test p50 ms": round(rc["lean_ready_state"]["p50"] * 1e3, 1),
                     "CRIU kdat cache loaded": timeline.get("kdat cache loaded"),
+                    "checkpoint(leave_running) call p50 ms": round((summary(dump_calls)["p50"] or 0) * 1e3, 1),
+                    "dump floor ms (level 4: all but pages written)": dump_split.get("floor without pages"),
                     "leaked resources after": cleanup.get("leaked")},
         "table": table,
         "plot": {"title": "Restore phases (in-process supervisor)", "ylabel": "milliseconds",
