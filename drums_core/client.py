@@ -225,7 +225,7 @@ class Client:
         """Boot a cold desktop session and return it once it is ready.
 
         Args:
-            spec: the session spec (fields of ``drums_core.session.supervisor.SessionSpec``: ``image``,
+            spec: the session spec (fields of ``drums_core.session.model.SessionSpec``: ``image``,
                 ``screen``, ``programs``, ``wait_port``, ``expect_window``, ``network``,
                 ``limits``, ...); default: a bare desktop of the ``default`` image.
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from drums_core.errors import Internal, NotFound
-from drums_core.session.supervisor import SETTLED_AGE
+from drums_core.session.model import SETTLED_AGE
 
 WRITER = {"programs": [{"name": "writer", "argv": ["libreoffice", "--writer", "--norestore", "--nologo"]}],
           "expect_window": "LibreOffice Writer", "ready_timeout": 120}

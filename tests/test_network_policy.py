@@ -282,7 +282,7 @@ def test_policy_forms_and_errors():
         parse_text("nat:dvh1")
     with pytest.raises(InvalidArgument, match="unknown network policy"):
         parse_text("open")
-    from drums_core.session.supervisor import SessionSpec
+    from drums_core.session.model import SessionSpec
 
     assert SessionSpec.from_dict({}).network == {"policy": "none"}
     assert SessionSpec.from_dict({"network": "nat:eth1"}).network["upstream"] == "eth1"

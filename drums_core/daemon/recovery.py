@@ -19,7 +19,8 @@ from ..config import X11_DIR
 from ..errors import DrumsError
 from ..sweep.ledger import Ledger
 from ..host.procs import is_alive
-from ..session.supervisor import Liveness, Session, SessionSpec, State, Supervisor
+from ..session.model import Liveness, Session, SessionSpec, State
+from ..session.supervisor import Supervisor
 from ..sweep.sweep import sweep
 
 log = logging.getLogger("drums.recovery")

@@ -1,6 +1,6 @@
 """A restore as named steps, and the one place where a failed step becomes a Drums error.
 
-A restore (:meth:`drums_core.session.supervisor.Supervisor._restore_one`) runs these steps, in this order
+A restore (:meth:`drums_core.session.restoring.RestoreOps._restore_one`) runs these steps, in this order
 except that readiness overlaps the network and the reseed (the X server needs neither):
 
     prepare-root   the session's directories, cgroup and overlay root; the old link name free

@@ -171,8 +171,8 @@ def _wire(value):
 
 
 def _daemon_session():
-    from drums_core.session.supervisor import Session as DaemonSession
-    from drums_core.session.supervisor import SessionSpec, State
+    from drums_core.session.model import Session as DaemonSession
+    from drums_core.session.model import SessionSpec, State
 
     return DaemonSession(id="s1", slot=7, state=State.RUNNING, spec=SessionSpec(), dir="/run/drums/x/sessions/s1",
                          root="/run/drums/x/sessions/s1/root", ifname="dvh7", host_address="169.254.0.29",

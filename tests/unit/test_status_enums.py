@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from drums_core.session.supervisor import Liveness, Session, SessionSpec, State
+from drums_core.session.model import Liveness, Session, SessionSpec, State
 from drums_core.sweep.sweep import RunReport, RunStatus
 
 
