@@ -192,10 +192,6 @@ def run_profile(opts) -> dict:
     per_restore: list[dict] = []
     ready_cmp: list[dict] = []
     timeline: dict = {}
-    n_dumps = 2 if opts.quick else 5
-    dump_calls: list[float] = []
-    dump_logs: list[list[str]] = []
-    dump_split: dict = {}
     sup = None
     bar = progress(2 + n, "profile", opts.no_progress)
     try:
@@ -246,26 +242,6 @@ def run_profile(opts) -> dict:
         finally:
             criu.restore = orig
         timeline = criu_timeline(logs[0]) if logs else {}
-        # the floor of a checkpoint that leaves the desktop running: calls at the engine's log level,
-        # then one at level 4 for CRIU's own split (fixed costs before any page, per task, namespaces)
-        for i in range(n_dumps):
-            t0 = time.perf_counter()
-            sup.checkpoint(r.id, name=f"profile-lr{i}", leave_running=True)
-            dump_calls.append(time.perf_counter() - t0)
-        orig_dump = criu.dump
-
-        def dump_v4(*a, **k):
-            k["log_level"] = 4
-            res = orig_dump(*a, **k)
-            dump_logs.append(res.log)
-            return res
-
-        criu.dump = dump_v4
-        try:
-            sup.checkpoint(r.id, name="profile-lr-v4", leave_running=True)
-        finally:
-            criu.dump = orig_dump
-        dump_split = dump_timeline(dump_logs[0]) if dump_logs else {}
         sup.destroy(r.id)
         bar.update()
     finally:
@@ -299,15 +275,12 @@ def run_profile(opts) -> dict:
         "params": {"restores": n, "instance": inst.name, "in_process_supervisor": True},
         "per_restore": per_restore, "phase_stats_s": stats, "readiness_side_by_side_s": rc,
         "criu_timeline_ms": timeline, "criu_log_level4": logs[0] if logs else [],
-        "checkpoint_leave_running_s": summary(dump_calls), "criu_dump_split_ms": dump_split,
-        "criu_dump_log_level4": dump_logs[0] if dump_logs else [], "cleanup": cleanup,
+        "cleanup": cleanup,
         "summary": {"restore call p50 ms": round(stats["restore_call"]["p50"] * 1e3, 1),
                     "criu p50 ms": round(stats.get("criu.restore", {"p50": 0})["p50"] * 1e3, 1),
                     "display.wait_ready p50 ms": round(stats.get("display.wait_ready", {"p50": 0})["p50"] * 1e3, 1),
                     "lean readiness test p50 ms": round(rc["lean_ready_state"]["p50"] * 1e3, 1),
                     "CRIU kdat cache loaded": timeline.get("kdat cache loaded"),
-                    "checkpoint(leave_running) call p50 ms": round((summary(dump_calls)["p50"] or 0) * 1e3, 1),
-                    "dump floor ms (level 4: all but pages written)": dump_split.get("floor without pages"),
                     "leaked resources after": cleanup.get("leaked")},
         "table": table,
         "plot": {"title": "Restore phases (in-process supervisor)", "ylabel": "milliseconds",
