@@ -190,8 +190,11 @@ class Op:
 
     def from_namespace(self, ns: Any) -> list[Any]:
         """The arguments, in table order, from an argparse namespace whose attributes are named by
-        wire name (absent ones: their defaults); to call the Client method positionally."""
-        return [getattr(ns, a.name, a.default) for a in self.args]
+        wire name, up to the last one it has (those before it it lacks: their defaults); to call the
+        Client method positionally."""
+        given = [hasattr(ns, a.name) for a in self.args]
+        last = max((i for i, g in enumerate(given) if g), default=-1)
+        return [getattr(ns, a.name, a.default) for a in self.args[:last + 1]]
 
 
 def _session(name: str = "session") -> Arg:

@@ -248,6 +248,23 @@ def test_cli_subcommands_carry_the_ops_argument_names():
         assert not missing, f"drums {op.cli} has no option named {missing} for op {op.name}"
 
 
+@pytest.mark.parametrize("argv", [["ls"], ["checkpoint", "s1", "--name", "n", "--cache"],
+                                  ["restore", "snap", "--count", "2", "--wait-live"], ["destroy", "s1"],
+                                  ["screenshot", "s1", "-o", "/tmp/x.png"], ["exec", "s1", "--user", "user", "--", "id"],
+                                  ["delete-snapshot", "snap"], ["spill", "snap"], ["audit", "s1", "s2"]])
+def test_cli_commands_call_their_client_method_with_its_arguments(argv, monkeypatch):
+    from drums_core import cli
+
+    for k in ("DRUMS_INSTANCE", "DRUMS_SLOT_BASE", "DRUMS_SLOT_COUNT"):
+        monkeypatch.delenv(k, raising=False)
+    ns, _ = cli.parse(argv)
+    op = protocol.for_command(ns.cmd)
+    values = op.from_namespace(ns)
+    inspect.signature(getattr(Client, op.client)).bind(None, *values)  # the method takes them
+    sent = op.request(*values)
+    assert sent and all(sent[k] == v for k, v in vars(ns).items() if k in sent) or op.name == "list"
+
+
 # ------------------------------------------------------------------ the daemon's handler, and a client talking to it
 class FakeSupervisor:
     """Records what the daemon calls; answers like the Supervisor would."""
