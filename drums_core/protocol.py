@@ -30,8 +30,8 @@ from typing import Any
 
 from .errors import DrumsError, Internal, InvalidArgument, from_wire as error_from_wire
 
-__all__ = ["Arg", "OPS", "Op", "decode_reply", "decode_request", "encode_error", "encode_reply",
-           "encode_request", "for_command", "from_wire", "lookup", "to_wire"]
+__all__ = ["Arg", "FRAME_END", "OPS", "Op", "REQUIRED", "decode_reply", "decode_request", "encode_error",
+           "encode_reply", "encode_request", "for_command", "from_wire", "lookup", "to_wire"]
 
 FRAME_END = b"\n"
 
@@ -146,12 +146,6 @@ class Op:
     mutates: bool = False
     test_hook: bool = False
 
-    def arg(self, name: str) -> Arg:
-        for a in self.args:
-            if a.name == name:
-                return a
-        raise KeyError(name)
-
     def check(self, args: Any) -> dict[str, Any]:
         """The request's arguments checked against the table, defaults filled in, in table order.
 
@@ -180,7 +174,7 @@ class Op:
         if len(values) > len(self.args):
             raise InvalidArgument(f"{self.name} takes {len(self.args)} arguments, not {len(values)}",
                                   reason="BAD_REQUEST")
-        given = dict(zip((a.name for a in self.args), values))
+        given = dict(zip((a.name for a in self.args), values, strict=False))
         twice = sorted(set(given) & set(named))
         if twice:
             raise InvalidArgument(f"{self.name}: {', '.join(twice)} given twice", reason="BAD_REQUEST")
@@ -197,55 +191,55 @@ class Op:
         return [getattr(ns, a.name, a.default) for a in self.args[:last + 1]]
 
 
-def _session(name: str = "session") -> Arg:
+def _named(name: str) -> Arg:
+    """A required session id, or snapshot id or name: a non-string is what the serving method calls
+    an invalid name."""
     return Arg(name, str, reason="INVALID_NAME")
 
 
-def _ref(name: str = "snapshot") -> Arg:
-    return Arg(name, str, reason="INVALID_NAME")
-
-
+_SESSION = _named("session")
+_SNAPSHOT = _named("snapshot")  # an id, or a name (the newest of that name)
 _SCOPE = Arg("scope", str, None, reason="INVALID_NAME")
 _SCOPE_RAW = Arg("scope", str, None, reason="INVALID_NAME", omit_default=True)  # not one of the Client method's
+_LONG = {"long_running": True, "mutates": True}
 
 OPS: dict[str, Op] = {op.name: op for op in (
-    Op("ping", in_daemon=True, client="ping"),
-    Op("create", (Arg("spec", dict, None, reason="BAD_SPEC"),), serves="create", client="create",
-       long_running=True, mutates=True),
-    Op("checkpoint", (_session(), Arg("name", str, None, reason="INVALID_NAME"),
+    # sessions
+    Op("create", (Arg("spec", dict, None, reason="BAD_SPEC"),), serves="create", client="create", **_LONG),
+    Op("checkpoint", (_SESSION, Arg("name", str, None, reason="INVALID_NAME"),
                       Arg("snapshot_id", str, None, reason="INVALID_NAME"), Arg("leave_running", bool, False),
                       _SCOPE, Arg("cache", bool, False, omit_default=True)),
-       serves="checkpoint", in_daemon=True, client="checkpoint", cli="checkpoint", long_running=True, mutates=True),
-    Op("restore", (_ref(), Arg("count", int, 1, reason="BAD_COUNT"), Arg("wait_live", bool, False),
+       serves="checkpoint", in_daemon=True, client="checkpoint", cli="checkpoint", **_LONG),
+    Op("restore", (_SNAPSHOT, Arg("count", int, 1, reason="BAD_COUNT"), Arg("wait_live", bool, False),
                    Arg("expect_window", str, None, reason="BAD_WINDOW"), _SCOPE,
                    Arg("min_nonblank", float, 0.0, reason="BAD_NONBLANK")),
-       serves="restore", client="restore", cli="restore", long_running=True, mutates=True),
-    Op("destroy", (_session(),), serves="destroy", client="destroy", cli="destroy", long_running=True,
-       mutates=True),
+       serves="restore", client="restore", cli="restore", **_LONG),
+    Op("destroy", (_SESSION,), serves="destroy", client="destroy", cli="destroy", **_LONG),
     Op("list", serves="list_sessions", client="list", cli="ls"),
-    Op("get", (_session(),), serves="get", client="get"),
-    Op("wait_live", (_session(), Arg("timeout", float, 30.0)), serves="wait_live", client="wait_live",
+    Op("get", (_SESSION,), serves="get", client="get"),
+    Op("wait_live", (_SESSION, Arg("timeout", float, 30.0)), serves="wait_live", client="wait_live",
        long_running=True),
-    Op("exec", (_session(), Arg("argv", list, reason="BAD_COMMAND"), Arg("user", str, None, reason="BAD_USER"),
+    Op("exec", (_SESSION, Arg("argv", list, reason="BAD_COMMAND"), Arg("user", str, None, reason="BAD_USER"),
                 Arg("timeout", float, 120.0), Arg("input", str, None)),
-       serves="exec", client="exec", cli="exec", long_running=True, mutates=True),
-    Op("screenshot", (_session(),), serves="screenshot", client="screenshot", cli="screenshot"),
-    Op("windows", (_session(),), serves="windows", client="windows"),
-    Op("memory", (_session(),), serves="memory", client="memory"),
-    Op("processes", (_session(),), serves="processes", client="processes"),
-    Op("audit", (_session("a"), _session("b")), in_daemon=True, client="audit", cli="audit"),
+       serves="exec", client="exec", cli="exec", **_LONG),
+    Op("screenshot", (_SESSION,), serves="screenshot", client="screenshot", cli="screenshot"),
+    Op("windows", (_SESSION,), serves="windows", client="windows"),
+    Op("memory", (_SESSION,), serves="memory", client="memory"),
+    Op("processes", (_SESSION,), serves="processes", client="processes"),
+    Op("audit", (_named("a"), _named("b")), in_daemon=True, client="audit", cli="audit"),
+    # the snapshot store
     Op("snapshots", in_daemon=True, client="snapshots"),
     Op("store", in_daemon=True, client="store"),
-    Op("snapshot", (_ref(), _SCOPE), in_daemon=True, client="snapshot"),
-    Op("spill_snapshot", (_ref(), _SCOPE_RAW), in_daemon=True, client="spill_snapshot", cli="spill", long_running=True,
+    Op("snapshot", (_SNAPSHOT, _SCOPE), in_daemon=True, client="snapshot"),
+    Op("spill_snapshot", (_SNAPSHOT, _SCOPE_RAW), in_daemon=True, client="spill_snapshot", cli="spill", **_LONG),
+    Op("delete_snapshot", (_SNAPSHOT, _SCOPE_RAW), in_daemon=True, client="delete_snapshot", cli="delete-snapshot",
        mutates=True),
-    Op("delete_snapshot", (_ref(), _SCOPE_RAW), in_daemon=True, client="delete_snapshot", cli="delete-snapshot",
-       mutates=True),
-    Op("stats", in_daemon=True, client="stats"),
-    Op("export_snapshot", (_ref(), Arg("dest", str), Arg("skip", list, None)), in_daemon=True,
+    Op("export_snapshot", (_SNAPSHOT, Arg("dest", str), Arg("skip", list, None)), in_daemon=True,
        long_running=True),
-    Op("import_snapshot", (Arg("path", str), Arg("sha256", str)), in_daemon=True, long_running=True,
-       mutates=True),
+    Op("import_snapshot", (Arg("path", str), Arg("sha256", str)), in_daemon=True, **_LONG),
+    # the daemon
+    Op("ping", in_daemon=True, client="ping"),
+    Op("stats", in_daemon=True, client="stats"),
     Op("inject", (Arg("point", str), Arg("times", int, 1)), in_daemon=True, mutates=True, test_hook=True),
     Op("shutdown", (Arg("destroy_sessions", bool, False),), serves="shutdown", in_daemon=True, client="shutdown",
        mutates=True),

@@ -202,7 +202,7 @@ def test_every_op_has_a_client_method_and_every_client_method_an_op():
         method = getattr(Client, op.client, None)
         assert callable(method), f"op {op.name}: no Client.{op.client}"
         params = _params(method)
-        for p, a in zip(params, op.args):  # the Client's parameters are the table's, in its order
+        for p, a in zip(params, op.args, strict=False):  # the Client's parameters are the table's, in its order
             want = inspect.Parameter.empty if a.required else a.default
             assert p.default == want, f"Client.{op.client}({p.name}) default {p.default!r}, the table's {want!r}"
         for a in op.args[len(params):]:
@@ -226,7 +226,7 @@ def test_every_op_has_a_server_and_every_supervisor_method_an_op():
         else:  # called with the arguments in table order
             params = _params(getattr(Supervisor, op.serves))
             assert len(params) == len(op.args), f"Supervisor.{op.serves} and the table's {op.name} differ"
-            for p, a in zip(params, op.args):
+            for p, a in zip(params, op.args, strict=True):
                 want = inspect.Parameter.empty if a.required else a.default
                 assert p.default == want, f"Supervisor.{op.serves}({p.name}) default {p.default!r}, table {want!r}"
     handlers = {n[3:] for n in vars(Daemon) if n.startswith("op_")}
@@ -250,7 +250,8 @@ def test_cli_subcommands_carry_the_ops_argument_names():
 
 @pytest.mark.parametrize("argv", [["ls"], ["checkpoint", "s1", "--name", "n", "--cache"],
                                   ["restore", "snap", "--count", "2", "--wait-live"], ["destroy", "s1"],
-                                  ["screenshot", "s1", "-o", "/tmp/x.png"], ["exec", "s1", "--user", "user", "--", "id"],
+                                  ["screenshot", "s1", "-o", "/tmp/x.png"],
+                                  ["exec", "s1", "--user", "user", "--", "id"],
                                   ["delete-snapshot", "snap"], ["spill", "snap"], ["audit", "s1", "s2"]])
 def test_cli_commands_call_their_client_method_with_its_arguments(argv, monkeypatch):
     from drums_core import cli
