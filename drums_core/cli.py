@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from . import cli_registry
+from . import cli_registry, protocol
 from .client import Client
 from .errors import DrumsError
 from .records import json_default
@@ -427,68 +427,15 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(args, client: Client) -> int:
-    import shlex
-
+    op = protocol.for_command(args.cmd)
+    if op is not None:  # a command that is one operation: its options carry the table's argument names
+        return _show(args, getattr(client, op.client)(*op.from_namespace(args)))
     if args.cmd == "up":
-        w, h = args.screen
-        programs = [{"name": f"p{i}", "argv": shlex.split(p)} for i, p in enumerate(args.program)]
-        guest_port = None
-        if args.bare:
-            spec = {"image": args.image or "default", "programs": programs}
-        else:  # the provider's desktop (parse() made sure there is one): drums_core stays OSWorld-free
-            import importlib
-
-            d = cli_registry.desktop()
-            spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs)
-        spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": args.network_spec})
-        s = client.create(spec).to_dict()  # a Session is read-only: the document gets the guest URL
-        if guest_port is not None:
-            s["guest_url"] = f"http://{s['address']}:{guest_port}"
-        url = f" {s['guest_url']}" if s.get("guest_url") else ""
-        _out(args, s, f"{s['id']} {s['address']}{url} (ready in {s['timings']['ready']:.2f}s)")
-    elif args.cmd == "ls":
-        rows = client.list()
-        _out(args, rows, _table([_session_row(s) for s in rows],
-                                ["id", "state", "address", "display", "snapshot", "liveness", "ready_s"]))
-    elif args.cmd == "checkpoint":
-        snap = client.checkpoint(args.session, name=args.name, snapshot_id=args.snapshot_id,
-                                 leave_running=args.leave_running, cache=args.cache)
-        moved = (snap.get("store") or {}).get("actions") or []
-        _out(args, snap, "\n".join([snap["id"], *(f"  {_moved(a)}" for a in moved)]))
-    elif args.cmd == "restore":
-        sess = client.restore(args.snapshot, count=args.count, wait_live=args.wait_live,
-                              expect_window=args.expect_window)
-        _out(args, sess, _table([_session_row(s) for s in sess], ["id", "state", "address", "display", "ready_s"]))
-    elif args.cmd == "destroy":
-        res = client.destroy(args.session)
-        _out(args, res, f"destroyed {args.session}")
-    elif args.cmd == "screenshot":
-        png = client.screenshot(args.session)
-        with open(args.output, "wb") as f:
-            f.write(png)
-        _out(args, {"path": args.output, "bytes": len(png)}, f"wrote {args.output} ({len(png)} bytes)")
-    elif args.cmd == "exec":
-        res = client.exec(args.session, args.argv, user=args.user, timeout=args.timeout)
-        if args.json:
-            print(json.dumps(res.to_dict(), indent=1))
-        else:
-            sys.stdout.write(res["stdout"])
-            sys.stderr.write(res["stderr"])
-        return int(res["returncode"])
+        _up(args, client)
     elif args.cmd == "snapshots":
         rows = client.snapshots()
         store = client.store()
         _out(args, {"store": store, "snapshots": rows}, _snapshots_text(rows, store))
-    elif args.cmd == "delete-snapshot":
-        _out(args, client.delete_snapshot(args.snapshot), f"deleted {args.snapshot}")
-    elif args.cmd == "spill":
-        res = client.spill_snapshot(args.snapshot)
-        _out(args, res, f"{res['action']}: {res['id']} ({res['size'] / 2**20:.1f} MiB)")
-    elif args.cmd == "audit":
-        res = client.audit(args.a, args.b)
-        human = "\n".join(f"{s['kind']:8} {s['target']} {'(harmless)' if s['harmless'] else 'SHARED'}"
-                          for s in res["shared"]) or "nothing shared"
-        _out(args, res, human)
     elif args.cmd == "shutdown":
         if args.purge:
             return _purge(args, client.instance)
@@ -496,6 +443,61 @@ def _run(args, client: Client) -> int:
         _out(args, {"stopped": True}, "drumsd stopped" + (", its sessions destroyed" if args.destroy else ""))
     elif args.cmd == "sweep":
         return _sweep(args, client.instance)
+    return 0
+
+
+def _up(args, client: Client) -> None:
+    import shlex
+
+    w, h = args.screen
+    programs = [{"name": f"p{i}", "argv": shlex.split(p)} for i, p in enumerate(args.program)]
+    guest_port = None
+    if args.bare:
+        spec = {"image": args.image or "default", "programs": programs}
+    else:  # the provider's desktop (parse() made sure there is one): drums_core stays OSWorld-free
+        import importlib
+
+        d = cli_registry.desktop()
+        spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs)
+    spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": args.network_spec})
+    s = client.create(spec).to_dict()  # a Session is read-only: the document gets the guest URL
+    if guest_port is not None:
+        s["guest_url"] = f"http://{s['address']}:{guest_port}"
+    url = f" {s['guest_url']}" if s.get("guest_url") else ""
+    _out(args, s, f"{s['id']} {s['address']}{url} (ready in {s['timings']['ready']:.2f}s)")
+
+
+def _show(args, res) -> int:
+    """Print the result of a command that is one operation; its exit status."""
+    if args.cmd == "ls":
+        _out(args, res, _table([_session_row(s) for s in res],
+                               ["id", "state", "address", "display", "snapshot", "liveness", "ready_s"]))
+    elif args.cmd == "checkpoint":
+        moved = (res.get("store") or {}).get("actions") or []
+        _out(args, res, "\n".join([res["id"], *(f"  {_moved(a)}" for a in moved)]))
+    elif args.cmd == "restore":
+        _out(args, res, _table([_session_row(s) for s in res], ["id", "state", "address", "display", "ready_s"]))
+    elif args.cmd == "destroy":
+        _out(args, res, f"destroyed {args.session}")
+    elif args.cmd == "screenshot":
+        with open(args.output, "wb") as f:
+            f.write(res)
+        _out(args, {"path": args.output, "bytes": len(res)}, f"wrote {args.output} ({len(res)} bytes)")
+    elif args.cmd == "exec":
+        if args.json:
+            print(json.dumps(res.to_dict(), indent=1))
+        else:
+            sys.stdout.write(res["stdout"])
+            sys.stderr.write(res["stderr"])
+        return int(res["returncode"])
+    elif args.cmd == "delete-snapshot":
+        _out(args, res, f"deleted {args.snapshot}")
+    elif args.cmd == "spill":
+        _out(args, res, f"{res['action']}: {res['id']} ({res['size'] / 2**20:.1f} MiB)")
+    elif args.cmd == "audit":
+        human = "\n".join(f"{s['kind']:8} {s['target']} {'(harmless)' if s['harmless'] else 'SHARED'}"
+                          for s in res["shared"]) or "nothing shared"
+        _out(args, res, human)
     return 0
 
 

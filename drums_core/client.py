@@ -11,9 +11,7 @@ objects: ``s["id"]``, ``s.get("address")``). Errors arrive as the same classes t
 """
 from __future__ import annotations
 
-import base64
 import fcntl
-import json
 import os
 import socket
 import subprocess
@@ -22,22 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import protocol
 from .config import VENV, Instance, instance_from_env
-from .errors import DrumsError, Unavailable, from_wire
+from .errors import DrumsError, Unavailable
 from .records import ExecResult, Process, Session, Snapshot, Window
 
 
 __all__ = ["Client"]
-
-
-def _decode(value):
-    if isinstance(value, dict):
-        if set(value) == {"__bytes__"}:
-            return base64.b64decode(value["__bytes__"])
-        return {k: _decode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    return value
 
 
 def _answers(instance: Instance) -> bool:
@@ -170,9 +159,9 @@ class Client:
             self.start_daemon()
             sk = self._connect()
         try:
-            sk.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
+            sk.sendall(protocol.encode_request(op, args))
             buf = b""
-            while not buf.endswith(b"\n"):
+            while not buf.endswith(protocol.FRAME_END):
                 chunk = sk.recv(1 << 20)
                 if not chunk:
                     raise Unavailable(f"drumsd closed the connection during {op}", reason="DAEMON_DIED")
@@ -183,10 +172,12 @@ class Client:
             raise Unavailable(f"drumsd connection lost during {op}: {exc}", reason="DAEMON_DIED") from exc
         finally:
             sk.close()
-        reply = json.loads(buf)
-        if not reply.get("ok"):
-            raise from_wire(reply.get("error") or {})
-        return _decode(reply.get("result"))
+        return protocol.decode_reply(buf)
+
+    def _send(self, op: str, *values: Any) -> Any:
+        """Send ``op`` with its arguments in the table's order (:data:`drums_core.protocol.OPS`),
+        checked there first: a mistyped one raises InvalidArgument without a request."""
+        return self.call(op, **protocol.OPS[op].request(*values))
 
     def ping(self) -> dict:
         """Whether the daemon answers, and who it is.
@@ -198,7 +189,7 @@ class Client:
         Raises:
             Unavailable: ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``, ``TIMEOUT`` (see :meth:`call`).
         """
-        return self.call("ping")
+        return self._send("ping")
 
     def start_daemon(self, wait: float = 60.0) -> None:
         """Start drumsd for this instance (once, even with racing clients) and wait until it answers.
@@ -242,7 +233,7 @@ class Client:
             FailedPrecondition: ``CGROUP_UNAVAILABLE``, ``CONTROLLER_NOT_ENABLED`` (the host
                 cannot apply the limits).
         """
-        return Session.from_dict(self.call("create", spec=spec or {}))
+        return Session.from_dict(self._send("create", spec or {}))
 
     def checkpoint(self, session: str, name: str | None = None, snapshot_id: str | None = None,
                    leave_running: bool = False, scope: str | None = None, cache: bool = False) -> Snapshot:
@@ -275,9 +266,7 @@ class Client:
             Internal: ``SESSION_BROKEN`` (the session was already broken), ``CHECKPOINT_FAILED``
                 (CRIU's lines in ``detail``; the session is marked broken).
         """
-        args = {"cache": True} if cache else {}  # a daemon of an older version accepts the call unchanged
-        return Snapshot.from_dict(self.call("checkpoint", session=session, name=name, snapshot_id=snapshot_id,
-                                            leave_running=leave_running, scope=scope, **args))
+        return Snapshot.from_dict(self._send("checkpoint", session, name, snapshot_id, leave_running, scope, cache))
 
     def restore(self, snapshot: str, count: int = 1, wait_live: bool = False, expect_window: str | None = None,
                 scope: str | None = None, min_nonblank: float = 0.0) -> list[Session]:
@@ -311,9 +300,8 @@ class Client:
             Internal: ``SNAPSHOT_BROKEN``, ``IMAGES_CORRUPT``, ``RETRIES_EXHAUSTED`` (3 retryable
                 failures in a row), ``LIVENESS_FAILED`` (with ``wait_live``: a process died).
         """
-        return [Session.from_dict(s) for s in self.call(
-            "restore", snapshot=snapshot, count=count, wait_live=wait_live, expect_window=expect_window,
-            scope=scope, min_nonblank=min_nonblank)]
+        return [Session.from_dict(s) for s in self._send(
+            "restore", snapshot, count, wait_live, expect_window, scope, min_nonblank)]
 
     def destroy(self, session: str) -> dict:
         """Stop a session and remove everything it holds (processes, mounts, links, cgroup).
@@ -326,7 +314,7 @@ class Client:
             InvalidArgument: ``INVALID_NAME``.
             Busy: ``SESSION_BUSY`` (another operation held it for 30 s).
         """
-        return self.call("destroy", session=session)
+        return self._send("destroy", session)
 
     def list(self) -> list[Session]:
         """Every session of this daemon, broken ones included.
@@ -338,7 +326,7 @@ class Client:
             Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
                 ``TIMEOUT`` (see :meth:`call`).
         """
-        return [Session.from_dict(s) for s in self.call("list")]
+        return [Session.from_dict(s) for s in self._send("list")]
 
     def get(self, session: str) -> Session:
         """One session's current record (broken ones too: ``state`` ``BROKEN``, ``broken`` says why).
@@ -347,7 +335,7 @@ class Client:
             NotFound: ``SESSION_NOT_FOUND``.
             InvalidArgument: ``INVALID_NAME``.
         """
-        return Session.from_dict(self.call("get", session=session))
+        return Session.from_dict(self._send("get", session))
 
     def wait_live(self, session: str, timeout: float = 30.0) -> Session:
         """Wait (up to ``timeout`` seconds) for a restored session's liveness verdict.
@@ -360,7 +348,7 @@ class Client:
             NotFound: ``SESSION_NOT_FOUND``.
             Internal: ``SESSION_BROKEN`` (the check failed: the message names the dead process).
         """
-        return Session.from_dict(self.call("wait_live", session=session, timeout=timeout))
+        return Session.from_dict(self._send("wait_live", session, timeout))
 
     def exec(self, session: str, argv: list[str], user: str | None = None, timeout: float = 120.0,
              input: str | None = None) -> ExecResult:
@@ -384,8 +372,7 @@ class Client:
             Unavailable: ``EXEC_TIMEOUT``.
             Internal: ``SESSION_BROKEN``.
         """
-        return ExecResult.from_dict(self.call("exec", session=session, argv=argv, user=user, timeout=timeout,
-                                              input=input))
+        return ExecResult.from_dict(self._send("exec", session, argv, user, timeout, input))
 
     def screenshot(self, session: str) -> bytes:
         """The session's whole screen as PNG bytes.
@@ -395,7 +382,7 @@ class Client:
             Unavailable: ``X_UNREACHABLE`` (its X server does not answer).
             Internal: ``SESSION_BROKEN``.
         """
-        return self.call("screenshot", session=session)
+        return self._send("screenshot", session)
 
     def windows(self, session: str) -> list[Window]:
         """The session's top-level X windows.
@@ -408,7 +395,7 @@ class Client:
             Unavailable: ``X_UNREACHABLE``.
             Internal: ``SESSION_BROKEN``.
         """
-        return [Window.from_dict(w) for w in self.call("windows", session=session)]
+        return [Window.from_dict(w) for w in self._send("windows", session)]
 
     def memory(self, session: str) -> dict:
         """The session's memory: ``{"pss_kib": total proportional set size, "processes": n}``.
@@ -416,7 +403,7 @@ class Client:
         Raises:
             NotFound: ``SESSION_NOT_FOUND``.
         """
-        return self.call("memory", session=session)
+        return self._send("memory", session)
 
     def processes(self, session: str) -> list[Process]:
         """The processes in the session's pid namespace, as :class:`~drums_core.records.Process` records.
@@ -424,7 +411,7 @@ class Client:
         Raises:
             NotFound: ``SESSION_NOT_FOUND``.
         """
-        return [Process.from_dict(p) for p in self.call("processes", session=session)]
+        return [Process.from_dict(p) for p in self._send("processes", session)]
 
     def audit(self, a: str, b: str) -> dict:
         """What two sessions share (files, pipes, sockets, devices): ``{"shared": [{"kind",
@@ -433,7 +420,7 @@ class Client:
         Raises:
             NotFound: ``SESSION_NOT_FOUND`` (either session).
         """
-        return self.call("audit", a=a, b=b)
+        return self._send("audit", a, b)
 
     def snapshots(self) -> list[Snapshot]:
         """Every snapshot in the store, oldest first.
@@ -446,7 +433,7 @@ class Client:
             Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
                 ``TIMEOUT`` (see :meth:`call`).
         """
-        return [Snapshot.from_dict(s) for s in self.call("snapshots")]
+        return [Snapshot.from_dict(s) for s in self._send("snapshots")]
 
     def store(self) -> dict:
         """The snapshot store's budget and use (``budget``, ``used``, ``on_disk``, ``snapshots``,
@@ -456,7 +443,7 @@ class Client:
             Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
                 ``TIMEOUT`` (see :meth:`call`).
         """
-        return self.call("store")
+        return self._send("store")
 
     def snapshot(self, ref: str, scope: str | None = None) -> Snapshot:
         """One snapshot, by id or by name (the newest of that name within ``scope``, or anywhere).
@@ -466,7 +453,7 @@ class Client:
             FailedPrecondition: ``SNAPSHOT_OTHER_BOOT`` (taken before the host rebooted).
             InvalidArgument: ``INVALID_NAME``.
         """
-        return Snapshot.from_dict(self.call("snapshot", snapshot=ref, scope=scope))
+        return Snapshot.from_dict(self._send("snapshot", ref, scope))
 
     def spill_snapshot(self, ref: str) -> dict:
         """Move a snapshot nothing uses to the instance's spill directory on disk now.
@@ -479,7 +466,7 @@ class Client:
             NotFound: ``SNAPSHOT_NOT_FOUND``.
             FailedPrecondition: ``SPILL_DISABLED``, ``SNAPSHOT_IN_USE``, ``SPILL_FAILED``.
         """
-        return self.call("spill_snapshot", snapshot=ref)
+        return self._send("spill_snapshot", ref)
 
     def delete_snapshot(self, ref: str) -> dict:
         """Delete a snapshot (by id or name) that nothing uses.
@@ -492,7 +479,7 @@ class Client:
             FailedPrecondition: ``SNAPSHOT_IN_USE`` (a session runs on it, or a snapshot stacks on it).
             InvalidArgument: ``INVALID_NAME``.
         """
-        return self.call("delete_snapshot", snapshot=ref)
+        return self._send("delete_snapshot", ref)
 
     def stats(self) -> dict:
         """The daemon's counters: ``{"counters": {...}, "sessions": n, "run": id}``.
@@ -501,7 +488,7 @@ class Client:
             Unavailable: only the transport's ``DAEMON_DOWN``, ``DAEMON_START_FAILED``, ``DAEMON_DIED``,
                 ``TIMEOUT`` (see :meth:`call`).
         """
-        return self.call("stats")
+        return self._send("stats")
 
     def shutdown(self, destroy_sessions: bool = False, wait: float = 30.0) -> None:
         """Stop the daemon (nothing to do when none runs) and wait up to ``wait`` seconds for it to exit.
@@ -519,7 +506,7 @@ class Client:
         except DrumsError:
             return
         try:
-            self.call("shutdown", destroy_sessions=destroy_sessions)
+            self._send("shutdown", destroy_sessions)
         except Unavailable as exc:
             if exc.reason != "DAEMON_DIED":  # it may exit before its reply is flushed
                 raise

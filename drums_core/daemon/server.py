@@ -1,9 +1,8 @@
 """``drumsd``: the per-host supervisor daemon, serving the Supervisor over a root-only unix socket.
 
-Protocol: one JSON object per line each way. A request is ``{"op": NAME, "args": {...}}``; a reply
-is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"code", "reason", "message",
-"detail"}}``. An operation runs to completion even when its client goes away (a checkpoint in
-flight commits, and a retry with the same snapshot id gets it).
+Protocol: one JSON object per line each way, the operations of the table in :mod:`drums_core.protocol`
+(which also holds the codec). An operation runs to completion even when its client goes away (a
+checkpoint in flight commits, and a retry with the same snapshot id gets it).
 
 Sessions do not die with the daemon: they are not its children once started. The daemon is a
 child subreaper so the sessions' inits, orphaned by their launcher or by CRIU, are reaped here.
@@ -11,7 +10,7 @@ child subreaper so the sessions' inits, orphaned by their launcher or by CRIU, a
 from __future__ import annotations
 
 import argparse
-import base64
+import contextlib
 import fcntl
 import json
 import logging
@@ -21,12 +20,12 @@ import socketserver
 import sys
 import threading
 import time
-from dataclasses import asdict
 
-from ..session import faults
-from ..host import linux
+from .. import protocol
 from ..config import Instance, check_name
-from ..errors import DrumsError, Internal, InvalidArgument
+from ..errors import DrumsError
+from ..host import linux
+from ..session import faults
 from ..session.supervisor import Supervisor
 
 log = logging.getLogger("drums.daemon")
@@ -70,23 +69,11 @@ class _Reaper(threading.Thread):
         self.first_seen.pop(pid, None)
 
 
-def _jsonable(value):
-    if isinstance(value, bytes):
-        return {"__bytes__": base64.b64encode(value).decode()}
-    if hasattr(value, "public"):
-        return value.public()
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if hasattr(value, "__dataclass_fields__"):
-        return asdict(value)
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
 class Daemon:
+    """Serves the operations of :data:`drums_core.protocol.OPS`: each request is checked against the
+    table, then handled by ``Supervisor.<serves>`` (arguments in table order) or by the daemon's own
+    ``op_<name>`` (arguments by name)."""
+
     def __init__(self, instance: Instance, liveness_delay: float = 3.0) -> None:
         self.instance = instance
         self.sup = Supervisor(instance, liveness_delay=liveness_delay)
@@ -94,80 +81,85 @@ class Daemon:
         self.started = time.time()
         self.server: socketserver.ThreadingUnixStreamServer | None = None
 
-    def dispatch(self, op: str, args: dict):
-        sup = self.sup
-        if not isinstance(args, dict):
-            raise InvalidArgument("args must be an object", reason="BAD_REQUEST")
-        if op == "ping":
-            return {"run": sup.run, "pid": os.getpid(), "instance": self.instance.name,
-                    "uptime": time.time() - self.started}
-        if op == "create":
-            return sup.create(args.get("spec"))
-        if op == "checkpoint":
-            snap = sup.checkpoint(args["session"], name=args.get("name"), snapshot_id=args.get("snapshot_id"),
-                                  leave_running=bool(args.get("leave_running", False)), scope=args.get("scope"),
-                                  cache=bool(args.get("cache", False)))
-            return {**snap.to_dict(), "store": getattr(snap, "store_report", None)}
-        if op == "restore":
-            return sup.restore(args["snapshot"], count=int(args.get("count", 1)),
-                               wait_live=bool(args.get("wait_live", False)), expect_window=args.get("expect_window"),
-                               min_nonblank=args.get("min_nonblank", 0.0), scope=args.get("scope"))
-        if op == "destroy":
-            return sup.destroy(args["session"])
-        if op == "list":
-            return sup.list_sessions()
-        if op == "get":
-            return sup.get(args["session"])
-        if op == "wait_live":
-            return sup.wait_live(args["session"], timeout=float(args.get("timeout", 30)))
-        if op == "exec":
-            return sup.exec(args["session"], list(args["argv"]), user=args.get("user"),
-                            timeout=float(args.get("timeout", 120)), input=args.get("input"))
-        if op == "screenshot":
-            return sup.screenshot(args["session"])
-        if op == "windows":
-            return sup.windows(args["session"])
-        if op == "memory":
-            return sup.memory(args["session"])
-        if op == "processes":
-            return [asdict(p) for p in sup.processes(args["session"])]
-        if op == "audit":
-            from ..session.audit import sharing_audit
+    def dispatch(self, op: protocol.Op, args: dict):
+        """Run ``op`` with ``args`` as :meth:`protocol.Op.check` returned them."""
+        if op.in_daemon:
+            return getattr(self, f"op_{op.name}")(**args)
+        return getattr(self.sup, op.serves)(*args.values())
 
-            layer_devs = {os.stat("/").st_dev, os.stat(self.instance.state_dir).st_dev}
-            return sharing_audit(sup.get(args["a"]).init_pid, sup.get(args["b"]).init_pid, layer_devs)
-        if op == "snapshots":
-            return sup.keeper.describe()
-        if op == "store":
-            return sup.keeper.status()
-        if op == "spill_snapshot":
-            return sup.keeper.spill_now(sup.store.resolve(args["snapshot"], args.get("scope")).id)
-        if op == "snapshot":
-            return sup.store.resolve(args["snapshot"], args.get("scope"))
-        if op == "delete_snapshot":
-            snap = sup.store.resolve(args["snapshot"], args.get("scope"), any_boot=True)
-            sup.keeper.delete(snap.id)
-            return {"deleted": snap.id}
-        if op == "stats":
-            return {"counters": dict(sup.counters), "sessions": len(sup.sessions), "run": sup.run}
-        if op in ("export_snapshot", "import_snapshot"):
-            import contextlib
+    def handle_line(self, line: bytes) -> bytes:
+        """The reply line to one request line."""
+        try:
+            op, args = protocol.decode_request(line, hooks=faults.test_hooks_enabled())
+            if not op.long_running:
+                return protocol.encode_reply(self.dispatch(op, args))
+            t0, outcome = time.monotonic(), "failed"
+            try:
+                result = self.dispatch(op, args)
+                outcome = "done"
+            finally:  # one line for each long operation: what, how it ended, how long it took
+                log.info("op %s %s in %.3fs", op.name, outcome, time.monotonic() - t0)
+            return protocol.encode_reply(result)
+        except Exception as exc:  # noqa: BLE001 - anything unknown crosses the boundary as Internal
+            if not isinstance(exc, (DrumsError, KeyError)):
+                log.exception("internal error")
+            return protocol.encode_error(exc)
 
-            from ..store import transfer
+    # ---------------------------------------------------------- the operations the daemon handles itself
+    def op_ping(self) -> dict:
+        return {"run": self.sup.run, "pid": os.getpid(), "instance": self.instance.name,
+                "uptime": time.time() - self.started}
 
-            with contextlib.ExitStack() as held:  # a chain being packed is neither evicted nor spilled meanwhile
-                if op == "export_snapshot":
-                    for snap in transfer.snapshot_chain(sup.store, check_name(args["snapshot"], "snapshot id")):
-                        held.enter_context(sup.keeper.hold(snap.id))
-                return transfer.dispatch(sup.store, op, args)
-        if op == "inject" and faults.test_hooks_enabled():
-            faults.inject(str(args["point"]), int(args.get("times", 1)))
-            return {"injected": args["point"]}
-        if op == "shutdown":
-            destroy = bool(args.get("destroy_sessions", False))
-            threading.Thread(target=self._shutdown, args=(destroy,), daemon=True).start()
-            return {"shutting_down": True}
-        raise InvalidArgument(f"unknown operation {op!r}", reason="UNKNOWN_OP")
+    def op_checkpoint(self, **args) -> dict:
+        snap = self.sup.checkpoint(*args.values())
+        return {**snap.to_dict(), "store": getattr(snap, "store_report", None)}
+
+    def op_audit(self, a: str, b: str) -> dict:
+        from ..session.audit import sharing_audit
+
+        layer_devs = {os.stat("/").st_dev, os.stat(self.instance.state_dir).st_dev}
+        return sharing_audit(self.sup.get(a).init_pid, self.sup.get(b).init_pid, layer_devs)
+
+    def op_snapshots(self) -> list:
+        return self.sup.keeper.describe()
+
+    def op_store(self) -> dict:
+        return self.sup.keeper.status()
+
+    def op_snapshot(self, snapshot: str, scope: str | None):
+        return self.sup.store.resolve(snapshot, scope)
+
+    def op_spill_snapshot(self, snapshot: str, scope: str | None) -> dict:
+        return self.sup.keeper.spill_now(self.sup.store.resolve(snapshot, scope).id)
+
+    def op_delete_snapshot(self, snapshot: str, scope: str | None) -> dict:
+        snap = self.sup.store.resolve(snapshot, scope, any_boot=True)
+        self.sup.keeper.delete(snap.id)
+        return {"deleted": snap.id}
+
+    def op_stats(self) -> dict:
+        return {"counters": dict(self.sup.counters), "sessions": len(self.sup.sessions), "run": self.sup.run}
+
+    def op_export_snapshot(self, **args) -> dict:
+        from ..store import transfer
+
+        with contextlib.ExitStack() as held:  # a chain being packed is neither evicted nor spilled meanwhile
+            for snap in transfer.snapshot_chain(self.sup.store, check_name(args["snapshot"], "snapshot id")):
+                held.enter_context(self.sup.keeper.hold(snap.id))
+            return transfer.dispatch(self.sup.store, "export_snapshot", args)
+
+    def op_import_snapshot(self, **args) -> dict:
+        from ..store import transfer
+
+        return transfer.dispatch(self.sup.store, "import_snapshot", args)
+
+    def op_inject(self, point: str, times: int) -> dict:
+        faults.inject(point, times)
+        return {"injected": point}
+
+    def op_shutdown(self, destroy_sessions: bool) -> dict:
+        threading.Thread(target=self._shutdown, args=(destroy_sessions,), daemon=True).start()
+        return {"shutting_down": True}
 
     def _shutdown(self, destroy: bool) -> None:
         try:
@@ -176,24 +168,6 @@ class Daemon:
         finally:
             if self.server is not None:
                 self.server.shutdown()
-
-    def handle_line(self, line: bytes) -> dict:
-        try:
-            req = json.loads(line)
-            if not isinstance(req, dict) or not isinstance(req.get("op"), str):
-                raise InvalidArgument("request must be an object with an 'op'", reason="BAD_REQUEST")
-            result = self.dispatch(req["op"], req.get("args") or {})
-            return {"ok": True, "result": _jsonable(result)}
-        except DrumsError as exc:
-            return {"ok": False, "error": exc.to_wire()}
-        except KeyError as exc:
-            return {"ok": False, "error": InvalidArgument(f"missing argument {exc}", reason="BAD_REQUEST").to_wire()}
-        except json.JSONDecodeError as exc:
-            bad = InvalidArgument(f"request is not JSON: {exc}", reason="BAD_REQUEST")
-            return {"ok": False, "error": bad.to_wire()}
-        except Exception as exc:  # noqa: BLE001 - anything unknown crosses the boundary as Internal
-            log.exception("internal error")
-            return {"ok": False, "error": Internal(f"internal error: {exc!r}").to_wire()}
 
     def serve(self) -> None:
         daemon = self
@@ -206,7 +180,7 @@ class Daemon:
                 for line in self.rfile:
                     reply = daemon.handle_line(line)
                     try:
-                        self.wfile.write(json.dumps(reply).encode() + b"\n")
+                        self.wfile.write(reply)
                         self.wfile.flush()
                     except (BrokenPipeError, ConnectionResetError):
                         return

@@ -164,10 +164,10 @@ def test_the_acceptance_one_liner_lists_the_api():
 
 # ------------------------------------------------------------------ records against the daemon's own types
 def _wire(value):
-    """What the daemon sends for ``value`` and the client decodes: its _jsonable, through JSON."""
-    from drums_core.daemon.server import _jsonable
+    """What the daemon sends for ``value`` and the client decodes: the codec's to_wire, through JSON."""
+    from drums_core.protocol import to_wire
 
-    return json.loads(json.dumps(_jsonable(value)))
+    return json.loads(json.dumps(to_wire(value)))
 
 
 def _daemon_session():
