@@ -44,7 +44,9 @@ def _params(fn) -> list[inspect.Parameter]:
 
 
 def _public_methods(cls) -> set[str]:
-    return {n for n, v in vars(cls).items() if not n.startswith("_") and inspect.isfunction(v)}
+    """Public methods defined by ``cls`` or a class it is made of (the Supervisor's checkpoint and restore halves)."""
+    return {n for klass in cls.__mro__ if klass is not object for n, v in vars(klass).items()
+            if not n.startswith("_") and inspect.isfunction(v)}
 
 
 # ------------------------------------------------------------------ the codec
