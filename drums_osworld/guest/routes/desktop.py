@@ -11,7 +11,7 @@ from flask import Blueprint, jsonify, request, send_file
 from .. import windows
 from ..api import ApiError, error_reply, form_value, json_body, json_flag, json_text, json_timeout
 from ..commands import CommandTimeout
-from ..state import current
+from ..state import GuestState, current
 
 bp = Blueprint("desktop", __name__)
 
@@ -56,45 +56,54 @@ def open_file():
     data = json_body()
     raw = json_text(data, "path", "Path not supplied!")
     timeout = json_timeout(data, guest.cfg.open_timeout)
-    path = guest.path_from(raw)
-    env_path = guest.runner.env.get("PATH")
-    if os.path.exists(path):
-        base = os.path.basename(path.rstrip("/"))
-        stem = os.path.splitext(base)[0]
-        ext = os.path.splitext(base)[1].lower()
-        opener = None
-        if ext in LIBREOFFICE_EXTENSIONS:
-            opener = next(([c] for c in ("libreoffice", "soffice")
-                           if shutil.which(c, path=env_path)), None)
-        if opener is None:
-            if shutil.which("xdg-open", path=env_path):
-                opener = ["xdg-open"]
-            elif shutil.which("gio", path=env_path):
-                opener = ["gio", "open"]
-            else:
-                raise ApiError(500, f"no program to open {path}: neither xdg-open nor gio "
-                                    "is installed")
-        argv = opener + [path]
-        names = [base, stem]
-    else:
-        if not shutil.which(raw, path=env_path):
-            raise ApiError(404, f"Application/file not found: {raw}")
-        argv = [raw]
-        names = [raw]
-    names = [n for n in names if n]
+    argv, names = _what_opens(guest, raw)
     try:
         pid = guest.runner.launch(argv, False)
     except OSError as exc:
         raise ApiError(500, f"Failed to open {raw}. Error: {exc}") from None
+    _activate_when_shown(guest, names, pid, timeout, raw, argv[0])
+    return "File opened and window activated successfully"
+
+
+def _what_opens(guest: GuestState, raw: str) -> tuple[list[str], list[str]]:
+    """The command that opens ``raw`` (a file, else a program on PATH) and the window titles to wait for."""
+    path = guest.path_from(raw)
+    env_path = guest.runner.env.get("PATH")
+    if not os.path.exists(path):
+        if not shutil.which(raw, path=env_path):
+            raise ApiError(404, f"Application/file not found: {raw}")
+        return [raw], [raw]
+    base = os.path.basename(path.rstrip("/"))
+    stem = os.path.splitext(base)[0]
+    ext = os.path.splitext(base)[1].lower()
+    opener = None
+    if ext in LIBREOFFICE_EXTENSIONS:
+        opener = next(([c] for c in ("libreoffice", "soffice")
+                       if shutil.which(c, path=env_path)), None)
+    if opener is None:
+        if shutil.which("xdg-open", path=env_path):
+            opener = ["xdg-open"]
+        elif shutil.which("gio", path=env_path):
+            opener = ["gio", "open"]
+        else:
+            raise ApiError(500, f"no program to open {path}: neither xdg-open nor gio "
+                                "is installed")
+    return opener + [path], [n for n in (base, stem) if n]
+
+
+def _activate_when_shown(guest: GuestState, names: list[str], pid: int, timeout: float, raw: str,
+                         program: str) -> None:
+    """Wait for a window whose title holds one of ``names`` and activate it; ApiError 500 when the
+    opener (``pid``) fails or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while True:
         for w in windows.list_windows(guest.xc):
             if any(n in w.title for n in names):
                 windows.activate_id(guest.xc, w.id)
-                return "File opened and window activated successfully"
+                return
         rc = guest.runner.exit_status(pid)
         if rc not in (None, 0):
-            raise ApiError(500, f"Failed to open {raw}: {argv[0]} exited with status {rc}")
+            raise ApiError(500, f"Failed to open {raw}: {program} exited with status {rc}")
         if time.monotonic() >= deadline:
             t = int(timeout) if float(timeout).is_integer() else timeout
             raise ApiError(500, f"Failed to find window for {names[0]} within {t} seconds.")

@@ -14,7 +14,7 @@ from flask import Blueprint, jsonify
 from .. import windows
 from ..api import MAX_TIMEOUT, ApiError, json_body, json_field, json_timeout
 from ..commands import CommandTimeout
-from ..state import current
+from ..state import GuestState, current
 
 bp = Blueprint("execute", __name__)
 
@@ -65,23 +65,29 @@ def execute_with_verification():
         return jsonify({"status": "success", **base})
     start = time.monotonic()
     while time.monotonic() - start < max_wait:
-        ok = True
-        if "window_exists" in verification:
-            name = str(verification["window_exists"]).lower()
-            titles = [w.title.lower() for w in windows.list_windows(guest.xc)]
-            ok = any(name in t for t in titles)
-        if ok and "command_success" in verification:
-            check = verification["command_success"]
-            try:
-                ok = guest.runner.run(check, isinstance(check, str), 5).returncode == 0
-            except (CommandTimeout, OSError):
-                ok = False
-        if ok:
+        if _verified(guest, verification):
             return jsonify({"status": "success", **base, "verification": "passed",
                             "wait_time": time.monotonic() - start})
         time.sleep(interval)
     return jsonify({"status": "verification_failed", **base, "verification": "failed",
                     "wait_time": max_wait}), 500
+
+
+def _verified(guest: GuestState, verification: dict) -> bool:
+    """Whether the checks of ``verification`` hold now: a window whose title holds
+    ``window_exists``, and the command ``command_success`` exiting 0."""
+    ok = True
+    if "window_exists" in verification:
+        name = str(verification["window_exists"]).lower()
+        titles = [w.title.lower() for w in windows.list_windows(guest.xc)]
+        ok = any(name in t for t in titles)
+    if ok and "command_success" in verification:
+        check = verification["command_success"]
+        try:
+            ok = guest.runner.run(check, isinstance(check, str), 5).returncode == 0
+        except (CommandTimeout, OSError):
+            ok = False
+    return ok
 
 
 @bp.route("/setup/launch", methods=["POST"])
