@@ -21,7 +21,8 @@ each node is, which sessions live where) and places work:
   timed (``Branch.transfers``, ``Branch.timings``).
 * **map_rollouts(task, actions, branches)**: ``branches`` rollouts (restore a sibling, run its
   actions, score it with the task's evaluator, destroy it), at most ``concurrency`` at a time,
-  placed as above; a rollout that fails ``Unavailable`` (its node died) is retried elsewhere.
+  placed as above; a rollout that fails ``Unavailable`` (its node died) is retried elsewhere
+  (the scheduler and the rollouts' records: :mod:`.scheduler`).
 
 Failure handling: a node whose actor or Ray node dies, or whose daemon dies, fails its calls in
 flight with :class:`~drums_core.errors.Unavailable` (``NODE_DIED``, ``DAEMON_DIED``); the node is
@@ -33,13 +34,12 @@ Needs the ``ray`` extra (``pip install drums[ray]``).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -52,6 +52,7 @@ from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, Unavailable, from_wire
 
 from .node import NodeAgent
+from .scheduler import RolloutResult, Rollouts, RolloutSchedule, scripts_for
 
 log = logging.getLogger("drums.osworld.ray_pool")
 
@@ -139,71 +140,6 @@ class Branch:
         return not self.failures and len(self.siblings) == self.requested
 
 
-@dataclass
-class RolloutResult:
-    """One rollout of :meth:`DrumsPool.map_rollouts`."""
-
-    branch: int
-    node: str | None
-    session: str | None = None
-    score: float | None = None
-    actions_run: int = 0
-    last_action: Any = None
-    liveness: str | None = None
-    reseed_draw: Any = None
-    hostname: str | None = None
-    attempts: int = 0
-    error: dict | None = None
-    action_errors: list = field(default_factory=list)
-    timings: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Rollouts:
-    """What :meth:`DrumsPool.map_rollouts` did, rollouts in branch order."""
-
-    task: str
-    state: str
-    results: list[RolloutResult]
-    transfers: list[dict]
-    concurrency: int
-    timings: dict
-
-    @property
-    def scores(self) -> list[float | None]:
-        return [r.score for r in self.results]
-
-    @property
-    def ok(self) -> bool:
-        return all(r.error is None and r.score is not None for r in self.results)
-
-    @property
-    def per_hour(self) -> float | None:
-        done = sum(1 for r in self.results if r.score is not None)
-        wall = self.timings.get("rollouts")
-        return None if not wall else done / wall * 3600.0
-
-    def table(self) -> str:
-        cols = ["branch", "node", "score", "steps", "restore_s", "actions_s", "eval_s", "status"]
-        rows = [{"branch": str(r.branch), "node": r.node or "-", "score": "-" if r.score is None else f"{r.score:g}",
-                 "steps": str(r.actions_run), "restore_s": f"{r.timings.get('restore', 0.0):.2f}",
-                 "actions_s": f"{r.timings.get('actions', 0.0):.2f}", "eval_s": f"{r.timings.get('evaluate', 0.0):.2f}",
-                 "status": ("error: " + r.error.get("reason", "?")) if r.error else (r.liveness or "ok")}
-                for r in self.results]
-        widths = {c: max(len(c), *(len(x[c]) for x in rows)) for c in cols} if rows else {c: len(c) for c in cols}
-        lines = ["  ".join(c.upper().ljust(widths[c]) for c in cols)]
-        lines += ["  ".join(x[c].ljust(widths[c]) for c in cols) for x in rows]
-        rate = self.per_hour
-        lines.append(f"{len(self.results)} rollouts of {self.task} from {self.state[:12]}, "
-                     f"{self.concurrency} at a time: "
-                     f"{self.timings.get('rollouts', 0.0):.1f} s, "
-                     f"{'-' if rate is None else f'{rate:.0f}'} rollouts/hour, {len(self.transfers)} transfers")
-        return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------------- the pool
 @dataclass
 class _Node:
@@ -213,20 +149,6 @@ class _Node:
     alive: bool = True
     down_reason: str | None = None
     sessions: dict[str, SessionRef] = field(default_factory=dict)
-
-
-def _scripts(actions: Any, branches: int) -> list[list]:
-    if not isinstance(branches, int) or branches < 1:
-        raise InvalidArgument(f"branches must be a positive integer, not {branches!r}", reason="BAD_COUNT")
-    if not isinstance(actions, list):
-        raise InvalidArgument("actions must be a list of actions or a list of per-branch lists", reason="BAD_ACTION")
-    if actions and all(isinstance(a, list) for a in actions):
-        if len(actions) == 1:
-            return [list(actions[0]) for _ in range(branches)]
-        if len(actions) != branches:
-            raise InvalidArgument(f"{len(actions)} scripts for {branches} branches", reason="BAD_ACTION")
-        return [list(a) for a in actions]
-    return [list(actions) for _ in range(branches)]
 
 
 class DrumsPool:
@@ -591,7 +513,7 @@ class DrumsPool:
         """
         t_all = time.monotonic()
         tdict = self._task_dict(task)
-        scripts = _scripts(actions, branches)
+        scripts = scripts_for(actions, branches)
         own = state is None
         timings: dict[str, float] = {}
         if own:
@@ -599,79 +521,18 @@ class DrumsPool:
             state = self.prepare(tdict)
             timings["prepare"] = time.monotonic() - t
         assert state is not None
-        transfers: list[dict] = []
-        results: list[RolloutResult | None] = [None] * branches
-        attempts = [0] * branches
         try:
-            infos = self.infos()
-            free = {n: int(i["free"]) for n, i in infos.items()}
-            limit = max(1, min(concurrency or branches, sum(free.values()) or 1))
-            pending = collections.deque(range(branches))
-            inflight: dict[Any, tuple[int, str]] = {}
-            busy = collections.Counter()
-            unusable: set[str] = set()
+            schedule = RolloutSchedule(self, state, tdict, scripts, concurrency=concurrency, pause=pause,
+                                       retries=retries, verify_live=verify_live)
             t_roll = time.monotonic()
-            while pending or inflight:
-                while pending and len(inflight) < limit:
-                    name = next((x for x in self._order(state, list(free)) if self._nodes[x].alive
-                                 and x not in unusable and busy[x] < free[x]), None)
-                    if name is None:
-                        break
-                    if name not in state.copies:
-                        try:
-                            rec = self.ensure_copy(state, name)
-                            if rec:
-                                transfers.append(rec)
-                        except DrumsError as exc:
-                            log.warning("cannot ship %s to %s: %s", state.id, name, exc)
-                            unusable.add(name)
-                            continue
-                    i = pending.popleft()
-                    attempts[i] += 1
-                    ref = self._nodes[name].actor.rollout.remote(state.id, tdict, scripts[i], pause, verify_live)
-                    inflight[ref] = (i, name)
-                    busy[name] += 1
-                if not inflight:
-                    for i in pending:
-                        results[i] = RolloutResult(branch=i, node=None, attempts=attempts[i], error=Unavailable(
-                            "no node of the pool can take this rollout", reason="NO_CAPACITY").to_wire())
-                    pending.clear()
-                    break
-                done, _ = ray.wait(list(inflight), num_returns=1)
-                for ref in done:
-                    i, name = inflight.pop(ref)
-                    busy[name] -= 1
-                    try:
-                        out = self._get(name, ref)
-                    except Unavailable as exc:
-                        others = any(self._nodes[x].alive and x not in unusable for x in free)
-                        if attempts[i] <= retries and others:
-                            log.warning("rollout %d on %s failed (%s): retrying", i, name, exc)
-                            if not self._nodes[name].alive or exc.reason in ("NO_SLOT",):
-                                unusable.add(name)
-                            pending.appendleft(i)
-                            continue
-                        results[i] = RolloutResult(branch=i, node=name, attempts=attempts[i], error=exc.to_wire())
-                        continue
-                    except DrumsError as exc:
-                        results[i] = RolloutResult(branch=i, node=name, attempts=attempts[i], error=exc.to_wire())
-                        continue
-                    results[i] = RolloutResult(
-                        branch=i, node=name, session=out.get("session"), score=out.get("score"),
-                        actions_run=out.get("actions_run", 0), last_action=out.get("last_action"),
-                        liveness=out.get("liveness"), reseed_draw=out.get("reseed_draw"),
-                        hostname=out.get("hostname"), attempts=attempts[i], action_errors=out.get("errors") or [],
-                        timings={k: round(v, 4) for k, v in (out.get("timings") or {}).items()})
-                    if out.get("liveness") not in (None, "ok"):
-                        results[i].error = Internal(f"session {out.get('session')} failed its liveness check",
-                                                    reason="LIVENESS_FAILED").to_wire()
+            results = schedule.run()
             timings["rollouts"] = time.monotonic() - t_roll
         finally:
             if own:
                 self.delete_state(state)
         timings["total"] = time.monotonic() - t_all
-        return Rollouts(task=tdict["id"], state=state.id, results=[r for r in results if r is not None],
-                        transfers=transfers, concurrency=limit, timings={k: round(v, 4) for k, v in timings.items()})
+        return Rollouts(task=tdict["id"], state=state.id, results=results, transfers=schedule.transfers,
+                        concurrency=schedule.limit, timings={k: round(v, 4) for k, v in timings.items()})
 
     # ------------------------------------------------------------------ the end
     def close(self, destroy_sessions: bool = True, stop_daemons: bool = False) -> None:

@@ -3,6 +3,8 @@
 Start it with ``python -m drums_osworld.guest --port 5000 [--host 0.0.0.0]``. The modules:
 
 - :mod:`.server` - the Flask application (:func:`create_app`) and :func:`serve`;
+- :mod:`.routes` - the HTTP API, one blueprint an area; :mod:`.api` - error replies and request
+  parsing; :mod:`.state` - :class:`~.state.GuestConfig` and the state the handlers share;
 - :mod:`.screen` - the X connection, screenshots and the pointer;
 - :mod:`.windows` - top-level windows, activation and closing (wmctrl rules);
 - :mod:`.a11y` - the accessibility tree (AT-SPI when available, else the X11 window tree);

@@ -11,15 +11,11 @@ It mirrors OSWorld 1.0.2's ``DesktopEnv`` (``reset``/``step``/``evaluate``, shar
 osworld-api.md sections 1.4-1.7) under gymnasium's contract, without OSWorld installed: setup
 steps, getters and metrics are Drums' own (:mod:`drums_osworld.evaluation`).
 
-Spaces:
-
-- observation: ``Dict(screenshot=Box(0, 255, (H, W, 3), uint8), instruction=Text)`` plus
-  ``accessibility_tree=Text`` with ``require_a11y_tree=True``. The text spaces are
-  :class:`UnicodeText`: any Unicode string up to a length (gymnasium's ``Text`` only holds a fixed
-  character set, and instructions and accessibility trees are arbitrary text).
-- action: :class:`UnicodeText`, pyautogui code as OSWorld's ``pyautogui`` action space sends it,
-  or ``"WAIT"``, ``"DONE"``, ``"FAIL"``. A dict ``{"action_type": ...}`` or ``{"command": code}`` is
-  accepted as OSWorld accepts it.
+Spaces (:mod:`.spaces`): the observation is a dict of ``screenshot`` (an (H, W, 3) uint8 array),
+``instruction`` and, with ``require_a11y_tree=True``, ``accessibility_tree`` (the text spaces are
+:class:`UnicodeText`); the action is pyautogui code as OSWorld's ``pyautogui`` action space sends it,
+or ``"WAIT"``, ``"DONE"``, ``"FAIL"`` (a dict ``{"action_type": ...}`` or ``{"command": code}`` is
+accepted as OSWorld accepts it).
 
 Episodes: ``reset()`` gives a desktop with the task's setup done. With ``reuse="none"`` (OSWorld's
 behaviour) every reset after the desktop was used boots a fresh desktop and runs the setup again;
@@ -40,7 +36,7 @@ step (no ``reset()`` needed; they are not wrapped). :meth:`DrumsDesktopEnv.branc
 same from a state saved elsewhere (any snapshot name or id, e.g. one saved by another process with
 ``keep=True``).
 
-Ownership: an env owns its desktop; an env and the envs branched from it (transitively) share the
+Ownership (:mod:`.states`): an env owns its desktop; an env and the envs branched from it (transitively) share the
 states they saved, and the last of them to close deletes those snapshots (except ``keep=True``
 ones and what they depend on). ``close()`` is idempotent. Each env scores into a private cache
 directory (seeded from the shared task cache, ``cache_dir``), so siblings and vector sub-envs never
@@ -54,35 +50,28 @@ never a second owner of the same one.
 from __future__ import annotations
 
 import copy
-import hashlib
-import io
-import json
 import logging
 import os
 import shutil
-import string
-import tempfile
-import threading
 import time
-import uuid
 import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 from gymnasium.utils import EzPickle
-from gymnasium.vector.utils import shared_memory
 
 from drums_core.config import SESSION_PASSWORD, Instance, check_name
-from drums_core.errors import DrumsError, FailedPrecondition, NotFound, Unavailable
+from drums_core.errors import NotFound, Unavailable
 
 from .. import actions
 from ..actions import fix_pyautogui_less_than
+from . import desktops, task_setup
+from .spaces import A11Y_MAX, INSTRUCTION_MAX, UnicodeText, action_space, observation_space, screenshot_array
+from .states import Family, SavedState, copy_dir, task_key
 
 # drums_core.client, drums_osworld.desktop/.evaluation/.tasks and Pillow are imported where they are
 # used: ``import drums_osworld`` imports this module, and so does every guest server's start-up.
@@ -90,7 +79,7 @@ if TYPE_CHECKING:
     from drums_core.client import Client
 
     from ..desktop import Desktop
-    from ..setup_journal import Journal, SetupReport
+    from ..setup_journal import SetupReport
     from ..tasks import Task
 
 log = logging.getLogger("drums.osworld.gym")
@@ -106,14 +95,6 @@ __all__ = [
 ENV_ID = "drums/Desktop-v0"
 ENTRY_POINT = "drums_osworld.gym.env:DrumsDesktopEnv"
 
-#: Longest instruction the observation space holds (characters).
-INSTRUCTION_MAX = 16_384
-#: Longest action: one ``python -c`` argument must stay under Linux's 128 KiB per-argument limit.
-ACTION_MAX = 32_768
-#: Default longest accessibility tree (characters); a longer tree is cut at an element boundary
-#: (with a logged warning), so it still parses (drums_osworld.guest.a11y_guard).
-A11Y_MAX = 1_000_000
-
 REUSE_MODES = ("none", "post_setup")
 
 
@@ -122,247 +103,6 @@ def register_envs() -> None:
     if ENV_ID in gymnasium.registry:
         return
     gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True)
-
-
-# --------------------------------------------------------------------------- spaces
-class _AllCharacters:
-    """Set-like: every Unicode character (what :class:`UnicodeText` holds)."""
-
-    def __contains__(self, char: object) -> bool:
-        return isinstance(char, str) and len(char) == 1
-
-    def __len__(self) -> int:
-        return 0x110000
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _AllCharacters)
-
-    def __hash__(self) -> int:
-        return hash(_AllCharacters)
-
-
-class _CodePoints:
-    """Sequence-like: index -> the character with that code point."""
-
-    def __getitem__(self, index: Any) -> str:
-        return chr(int(index))
-
-    def __len__(self) -> int:
-        return 0x110000
-
-
-_SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n"
-
-
-class UnicodeText(spaces.Text):
-    """A :class:`gymnasium.spaces.Text` of any Unicode string of ``min_length..max_length`` characters.
-
-    ``contains`` accepts every character; flattening (and ``AsyncVectorEnv``'s shared memory)
-    stores code points. ``sample()`` draws from printable ASCII (letters, digits, punctuation,
-    space, newline), and a ``mask``/``probability`` refers to that sample alphabet.
-    """
-
-    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | np.random.Generator | None = None):
-        super().__init__(max_length, min_length=min_length, charset=_SAMPLE_CHARSET, seed=seed)
-        self._sampler = spaces.Text(max_length, min_length=min_length, charset=_SAMPLE_CHARSET)
-
-    @property
-    def character_set(self) -> Any:  # type: ignore[override]
-        return _AllCharacters()
-
-    @property
-    def character_list(self) -> Any:  # type: ignore[override]
-        return _CodePoints()
-
-    def character_index(self, char: str) -> np.int32:
-        return np.int32(ord(char))
-
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
-        self._sampler._np_random = self.np_random
-        return self._sampler.sample(mask=mask, probability=probability)
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, UnicodeText) and self.min_length == other.min_length
-                and self.max_length == other.max_length)
-
-    def __repr__(self) -> str:
-        return f"UnicodeText({self.min_length}, {self.max_length})"
-
-
-# AsyncVectorEnv(shared_memory=True) calls read_from_shared_memory once, at construction, and relies
-# on the result being a live numpy view; gymnasium's Text reader returns strings, frozen at that
-# moment (every later observation would read as the empty one). UnicodeText's batch is a live
-# sequence instead: indexing decodes the row now, and a (deep) copy, which AsyncVectorEnv returns by
-# default, is a tuple of the current strings. Code points travel as int32, padded with 0x110000.
-_PAD = 0x110000
-
-
-class _SharedTexts(Sequence):
-    """The current strings of ``n`` sub-envs' :class:`UnicodeText` rows in shared memory."""
-
-    def __init__(self, rows: np.ndarray) -> None:
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return self._rows.shape[0]
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(len(self))))
-        row = self._rows[index]
-        end = np.flatnonzero(row == _PAD)
-        codes = row[: end[0]] if end.size else row
-        return codes.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[str, ...]:
-        return tuple(self)
-
-    def __copy__(self) -> tuple[str, ...]:
-        return tuple(self)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, (Sequence, _SharedTexts)) and tuple(self) == tuple(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-
-@shared_memory.read_from_shared_memory.register(UnicodeText)
-def _read_unicode_texts(space: UnicodeText, memory: Any, n: int = 1) -> _SharedTexts:
-    return _SharedTexts(np.frombuffer(memory.get_obj(), dtype=np.int32).reshape((n, space.max_length)))
-
-
-@shared_memory.write_to_shared_memory.register(UnicodeText)
-def _write_unicode_text(space: UnicodeText, index: int, value: str, memory: Any) -> None:
-    row = np.frombuffer(memory.get_obj(), dtype=np.int32)[index * space.max_length:(index + 1) * space.max_length]
-    codes = np.frombuffer(value.encode("utf-32-le", "surrogatepass"), dtype="<u4")[: space.max_length]
-    row[: codes.size] = codes
-    row[codes.size:] = _PAD
-
-
-# --------------------------------------------------------------------------- states
-@dataclass(eq=False)
-class _State:
-    """A checkpointed desktop plus the host side of its episode."""
-
-    snapshot: str
-    name: str | None
-    task: Task
-    step: int
-    history: list[Any]
-    cache: Path | None          # a copy of the env's task cache dir when it was saved
-    parent: _State | None       # the state the saved desktop was restored from (its layers)
-    keep: bool = False
-    owned: bool = True          # False: saved elsewhere; never deleted here
-    episode_over: bool = False
-    seconds: float = 0.0
-
-
-@dataclass(eq=False)
-class _Family:
-    """An env and the envs branched from it: they share saved states; the last to close deletes them."""
-
-    client: Client
-    root: Path
-    states: list[_State] = field(default_factory=list)
-    by_name: dict[str, _State] = field(default_factory=dict)
-    post_setup: dict[str, _State] = field(default_factory=dict)
-    members: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    serial: int = 0
-
-    def __post_init__(self) -> None:
-        self._finalizer = weakref.finalize(self, _release_states, self.client, self.states, self.root)
-
-    @classmethod
-    def create(cls, client: Client) -> _Family:
-        return cls(client=client, root=Path(tempfile.mkdtemp(prefix="drums-gym-")))
-
-    def join(self) -> Path:
-        """A new member; returns a private directory for it."""
-        with self.lock:
-            self.members += 1
-            self.serial += 1
-            path = self.root / f"env-{self.serial}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def leave(self) -> None:
-        with self.lock:
-            self.members -= 1
-            last = self.members <= 0
-        if last:
-            self._finalizer()
-
-    def add(self, state: _State) -> None:
-        with self.lock:
-            self.states.append(state)
-            if state.name is not None:
-                self.by_name[state.name] = state
-
-
-def _release_states(client: Client, states: list[_State], root: Path) -> None:
-    """Delete the snapshots of ``states`` newest first, sparing kept ones and what they stand on."""
-    spared: set[int] = set()
-    for st in states:
-        if st.keep:
-            node: _State | None = st
-            while node is not None:
-                spared.add(id(node))
-                node = node.parent
-    for st in reversed(states):
-        if not st.owned or id(st) in spared:
-            continue
-        try:
-            client.delete_snapshot(st.snapshot)
-        except NotFound:
-            pass
-        except DrumsError as exc:
-            log.warning("could not delete snapshot %s (%s): %s", st.snapshot, st.name or "post-setup", exc)
-    states.clear()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _destroy_quietly(client: Client, session_id: str) -> None:
-    try:
-        client.destroy(session_id)
-    except NotFound:
-        pass
-    except DrumsError as exc:
-        log.warning("could not destroy session %s: %s", session_id, exc)
-
-
-def _retry_unavailable(what: str, fn: Any, attempts: int = 3) -> Any:
-    """Call ``fn``; an ``Unavailable`` (nothing happened) is retried, anything else is not."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except Unavailable as exc:
-            if attempt + 1 == attempts:
-                raise
-            log.warning("%s failed retryably (%s); retrying", what, exc)
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
-def _task_key(task: Task) -> str:
-    blob = json.dumps({"id": task.id, "config": task.config}, sort_keys=True, default=str)
-    return task.id + ":" + hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _copy_dir(src: Path | None, dst: Path) -> None:
-    """Make ``dst`` a copy of ``src`` (empty when ``src`` is missing). Copies, never hard links: a
-    getter rewrites files in place."""
-    shutil.rmtree(dst, ignore_errors=True)
-    if src is not None and src.is_dir():
-        shutil.copytree(src, dst, symlinks=True)
-    else:
-        dst.mkdir(parents=True, exist_ok=True)
 
 
 # --------------------------------------------------------------------------- the env
@@ -442,18 +182,15 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
 
         self.cache_dir = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
 
-        obs = {"screenshot": spaces.Box(0, 255, (height, width, 3), np.uint8),
-               "instruction": UnicodeText(INSTRUCTION_MAX)}
-        if self.require_a11y_tree:
-            obs["accessibility_tree"] = UnicodeText(self.a11y_max_length)
-        self.observation_space = spaces.Dict(obs)
-        self.action_space = UnicodeText(ACTION_MAX, min_length=1)
+        self.observation_space = observation_space(self.screen_size,
+                                                   self.a11y_max_length if self.require_a11y_tree else None)
+        self.action_space = action_space()
 
         self._task: Task | None = self._load_task(task) if task is not None else None
         self._desktop: Desktop | None = None
         self._desktop_finalizer: weakref.finalize | None = None
-        self._origin: _State | None = None     # the state the current desktop stands on
-        self._family: _Family | None = None    # created on first use (branches share their parent's)
+        self._origin: SavedState | None = None     # the state the current desktop stands on
+        self._family: Family | None = None    # created on first use (branches share their parent's)
         self._workdir: Path | None = None
         self._step_no = 0
         self._history: list[Any] = []
@@ -510,59 +247,20 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         """Start an episode: a desktop with the task's setup done. ``options={"task": ...}`` switches task."""
         super().reset(seed=seed)
         self._check_open()
-        options = dict(options or {})
-        unknown = sorted(set(options) - {"task"})
-        if unknown:
-            raise ValueError(f"unknown reset options {unknown} (known: task)")
-        if "task" in options:
-            self._task = self._load_task(options["task"])
-        if self._task is None:
-            raise ValueError("no task: pass task= to the constructor or options={'task': ...} to reset()")
-        task = self._task
+        task = self._task_for_reset(options)
         family = self._ensure_family()
         self._episode_over = True  # until this reset succeeds
         self._setup_report = None
         timings: dict[str, float] = {}
         unsaved: str | None = None
         t0 = time.monotonic()
-        state = family.post_setup.get(_task_key(task)) if self.reuse == "post_setup" else None
+        state = family.post_setup.get(task_key(task)) if self.reuse == "post_setup" else None
         if state is not None:
-            self._drop_desktop()
-            t = time.monotonic()
-            desktop = _retry_unavailable("restore", lambda: self._restore_desktops(state.snapshot, 1)[0])
-            timings["restore"] = time.monotonic() - t
-            self._adopt(desktop, state)
-            self._dirty = bool(task.config)
+            self._reset_from(state, task, timings)
             source = "post_setup_restore"
-            self._setup_report = self._read_setup_report() if task.config else None
         else:
-            if self._desktop is None or self._dirty:
-                self._drop_desktop()
-                t = time.monotonic()
-                desktop = _retry_unavailable("boot", self._boot_desktop)
-                timings["boot"] = time.monotonic() - t
-                self._adopt(desktop, None)
-                self._dirty = False
-            _copy_dir(self.cache_dir / task.id, self._task_cache())
-            if task.config:
-                self._dirty = True  # also when the setup fails half way
-            t = time.monotonic()
-            self._setup_report = self._run_setup(task)
-            timings["setup"] = time.monotonic() - t
+            unsaved = self._reset_by_setup(task, timings)
             source = "setup"
-            if self.reuse == "post_setup" and self._setup_report.ok:  # a failed setup is never reused
-                t = time.monotonic()
-                try:
-                    state = self._save(None)
-                except Unavailable as exc:  # rolled back, the desktop runs on: this episode goes on unsaved
-                    if exc.reason != "STORE_FULL":
-                        raise
-                    log.warning("the snapshot store is full: the post-setup state of %s is not saved, later "
-                                "resets of the task run its setup again (%s)", task.id, exc.message)
-                    unsaved = exc.reason
-                else:
-                    family.post_setup[_task_key(task)] = state
-                    timings["checkpoint"] = time.monotonic() - t
         self._step_no = 0
         self._history = []
         self._episode_over = False
@@ -578,6 +276,60 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             if not report.ok:
                 info["invalid"] = report.describe()
         return obs, info
+
+    def _task_for_reset(self, options: dict[str, Any] | None) -> Task:
+        """The task of the episode ``reset(options=...)`` starts (``options`` may switch it)."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"task"})
+        if unknown:
+            raise ValueError(f"unknown reset options {unknown} (known: task)")
+        if "task" in options:
+            self._task = self._load_task(options["task"])
+        if self._task is None:
+            raise ValueError("no task: pass task= to the constructor or options={'task': ...} to reset()")
+        return self._task
+
+    def _reset_from(self, state: SavedState, task: Task, timings: dict[str, float]) -> None:
+        """Reset onto a desktop restored from ``task``'s post-setup ``state``."""
+        self._drop_desktop()
+        t = time.monotonic()
+        desktop = desktops.restore(self.client, state.snapshot, 1)[0]
+        timings["restore"] = time.monotonic() - t
+        self._adopt(desktop, state)
+        self._dirty = bool(task.config)
+        self._setup_report = task_setup.read_report(self._desktop, task) if task.config else None
+
+    def _reset_by_setup(self, task: Task, timings: dict[str, float]) -> str | None:
+        """Reset onto a clean desktop (a new one unless the current one is unused) with ``task``'s setup
+        run on it, then saved as its post-setup state when reusing; returns why that was not saved."""
+        if self._desktop is None or self._dirty:
+            self._drop_desktop()
+            t = time.monotonic()
+            desktop = desktops.boot(self.client, self.screen_size, self.network)
+            timings["boot"] = time.monotonic() - t
+            self._adopt(desktop, None)
+            self._dirty = False
+        copy_dir(self.cache_dir / task.id, self._task_cache())
+        if task.config:
+            self._dirty = True  # also when the setup fails half way
+        t = time.monotonic()
+        self._setup_report = task_setup.run(self._desktop, task, task_cache=self._task_cache(),
+                                            screen_size=self.screen_size, strict=self.strict_setup)
+        timings["setup"] = time.monotonic() - t
+        if self.reuse != "post_setup" or not self._setup_report.ok:  # a failed setup is never reused
+            return None
+        t = time.monotonic()
+        try:
+            state = self._save(None)
+        except Unavailable as exc:  # rolled back, the desktop runs on: this episode goes on unsaved
+            if exc.reason != "STORE_FULL":
+                raise
+            log.warning("the snapshot store is full: the post-setup state of %s is not saved, later "
+                        "resets of the task run its setup again (%s)", task.id, exc.message)
+            return exc.reason
+        self._ensure_family().post_setup[task_key(task)] = state
+        timings["checkpoint"] = time.monotonic() - t
+        return None
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Run one action (pyautogui code, ``WAIT``, ``DONE`` or ``FAIL``) as ``DesktopEnv.step`` does.
@@ -634,7 +386,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._check_open()
         if self._desktop is None:
             raise ResetNeeded("call reset() before render()")
-        return self._screenshot_array(self._desktop.guest.screenshot())
+        return screenshot_array(self._desktop.guest.screenshot(), self.screen_size)
 
     def close(self) -> None:
         """Destroy the desktop; the family's last env also deletes its saved states. Idempotent."""
@@ -659,7 +411,8 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         guest = self._desktop.guest
         png = guest.screenshot()
         self._last_png = png
-        obs: dict[str, Any] = {"screenshot": self._screenshot_array(png), "instruction": self._task.instruction}
+        obs: dict[str, Any] = {"screenshot": screenshot_array(png, self.screen_size),
+                               "instruction": self._task.instruction}
         if self.require_a11y_tree:
             from ..guest.a11y_guard import EMPTY, contain
 
@@ -680,9 +433,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         if report is not None and not report.ok:
             raise SetupFailed(report, self._task.id)
         if self._task.evaluator.get("postconfig"):
-            journal = self._journal()
-            journal.begin("postconfig")  # so postconfig calls do not land in the setup's record
-            journal.close()
+            task_setup.begin_postconfig(self._desktop)
         last = self._history[-1] if self._history else None
         score = float(evaluate(self._task, self._desktop.guest, last, cache_dir=self._cache_base(),
                                client_password=SESSION_PASSWORD, screen_size=self.screen_size))
@@ -720,7 +471,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         if state is None:
             if self._task is None:
                 raise ValueError(f"no state {name!r} in this env's family and no task to restore it with")
-            state = _State(snapshot=name, name=name, task=self._task, step=0, history=[], cache=None,
+            state = SavedState(snapshot=name, name=name, task=self._task, step=0, history=[], cache=None,
                            parent=None, owned=False)
         return self._branch(state, n, wait_live=wait_live)
 
@@ -752,9 +503,9 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
                              f"the observation space holds {INSTRUCTION_MAX}")
         return task
 
-    def _ensure_family(self) -> _Family:
+    def _ensure_family(self) -> Family:
         if self._family is None:
-            self._family = _Family.create(self.client)
+            self._family = Family.create(self.client)
         if self._workdir is None:
             self._workdir = self._family.join()
         return self._family
@@ -773,83 +524,15 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         A desktop restored from a saved state (a branch) reports the setup that state was made with."""
         if self._setup_report is None and self._desktop is not None and self._task is not None \
                 and self._task.config:
-            self._setup_report = self._read_setup_report()
+            self._setup_report = task_setup.read_report(self._desktop, self._task)
         return self._setup_report
 
-    def _journal(self) -> Journal:
-        from ..setup_journal import Journal
-
-        assert self._desktop is not None
-        return Journal(self._desktop.guest.base_url)
-
-    def _read_setup_report(self) -> SetupReport:
-        from ..setup_journal import missing_apps_for
-
-        journal = self._journal()
-        try:
-            report = journal.read(label="setup")
-        finally:
-            journal.close()
-        if not report.ok:
-            report.missing_apps = missing_apps_for(self._task.raw if self._task else None, self._image())
-        return report
-
-    def _image(self) -> str | None:
-        try:
-            return str(self._desktop.session["spec"]["image"]) if self._desktop is not None else None
-        except (KeyError, TypeError):
-            return None
-
-    def _run_setup(self, task: Task) -> SetupReport:
-        """The task's setup on the current desktop, journaled in its guest; raises what run_setup
-        raises (after noting it), and :class:`SetupFailed` when strict and a step failed."""
-        from ..evaluation import SetupError, run_setup
-        from ..setup_journal import SetupFailed, SetupReport, missing_apps_for
-
-        journal = self._journal()
-        try:
-            mark = journal.begin("setup") if task.config else None
-            try:
-                run_setup(task.config, self._desktop.guest, task_cache_dir=self._task_cache(),
-                          client_password=SESSION_PASSWORD, screen_size=self.screen_size,
-                          on_step=journal.step if mark is not None else None)
-            except SetupError as exc:
-                if mark is not None:
-                    journal.note(exc.step_index, exc.step_type, str(exc))
-                raise
-            if mark is None:
-                return SetupReport(label="no setup")
-            report = journal.read(mark)
-        finally:
-            journal.close()
-        if not report.ok:
-            report.missing_apps = missing_apps_for(task.raw, self._image())
-            log.warning("task %s: %s", task.id, report.describe())
-            if self.strict_setup:
-                raise SetupFailed(report, task.id)
-        return report
-
-    def _boot_desktop(self) -> Desktop:
-        from ..desktop import Desktop
-
-        if not self.network:
-            return Desktop.boot(self.client, screen=self.screen_size)
-        from ..desktop import desktop_spec
-
-        return Desktop(self.client, self.client.create({**desktop_spec(self.screen_size),
-                                                        "network": json.loads(self.network)}))
-
-    def _restore_desktops(self, snapshot: str, n: int, wait_live: bool = False) -> list[Desktop]:
-        from ..desktop import Desktop
-
-        return Desktop.restore(self.client, snapshot, count=n, wait_live=wait_live)
-
-    def _adopt(self, desktop: Desktop, origin: _State | None) -> None:
+    def _adopt(self, desktop: Desktop, origin: SavedState | None) -> None:
         self._desktop = desktop
         self._origin = origin
-        self._desktop_finalizer = weakref.finalize(self, _destroy_quietly, self.client, desktop.id)
+        self._desktop_finalizer = weakref.finalize(self, desktops.destroy_quietly, self.client, desktop.id)
         if origin is not None:
-            _copy_dir(origin.cache if origin.cache is not None else self.cache_dir / origin.task.id,
+            copy_dir(origin.cache if origin.cache is not None else self.cache_dir / origin.task.id,
                       self._task_cache())
 
     def _drop_desktop(self) -> None:
@@ -864,32 +547,25 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             except NotFound:
                 pass
 
-    def _save(self, name: str | None, keep: bool = False) -> _State:
+    def _save(self, name: str | None, keep: bool = False) -> SavedState:
         assert self._desktop is not None and self._task is not None
         family = self._ensure_family()
-        t = time.monotonic()
-        snap = self._desktop.checkpoint(name=name, leave_running=True, snapshot_id=uuid.uuid4().hex)
-        with family.lock:
-            family.serial += 1
-            cache = family.root / f"state-{family.serial}"
-        _copy_dir(self._task_cache(), cache)
-        state = _State(snapshot=snap["id"], name=name, task=self._task, step=self._step_no,
-                       history=copy.deepcopy(self._history), cache=cache, parent=self._origin,
-                       keep=keep, episode_over=self._episode_over, seconds=time.monotonic() - t)
-        family.add(state)
+        state = family.save(self._desktop, name, task=self._task, step=self._step_no, history=self._history,
+                            cache=self._task_cache(), parent=self._origin, keep=keep,
+                            episode_over=self._episode_over)
         self._origin = state
         return state
 
-    def _branch(self, state: _State, n: int, wait_live: bool = False) -> list[DrumsDesktopEnv]:
+    def _branch(self, state: SavedState, n: int, wait_live: bool = False) -> list[DrumsDesktopEnv]:
         if not isinstance(n, int) or n < 1:
             raise ValueError("n must be a positive number of branches")
         family = self._ensure_family()
         t = time.monotonic()
-        desktops = _retry_unavailable("restore", lambda: self._restore_desktops(state.snapshot, n, wait_live))
+        restored = desktops.restore(self.client, state.snapshot, n, wait_live)
         seconds = time.monotonic() - t
         envs: list[DrumsDesktopEnv] = []
         try:
-            for desktop in desktops:
+            for desktop in restored:
                 kwargs = dict(self._ezpickle_kwargs)
                 kwargs.update(task=state.task, client=self.client, screen_size=desktop.screen)
                 env = type(self)(**kwargs)
@@ -908,21 +584,10 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         except BaseException:
             for env in envs:
                 env.close()
-            for desktop in desktops[len(envs):]:
-                _destroy_quietly(self.client, desktop.id)
+            for desktop in restored[len(envs):]:
+                desktops.destroy_quietly(self.client, desktop.id)
             raise
         return envs
-
-    def _screenshot_array(self, png: bytes) -> np.ndarray:
-        from PIL import Image
-
-        with Image.open(io.BytesIO(png)) as img:
-            arr = np.array(img.convert("RGB"), dtype=np.uint8)
-        width, height = self.screen_size
-        if arr.shape != (height, width, 3):
-            raise FailedPrecondition(f"the desktop's screenshot is {arr.shape[1]}x{arr.shape[0]}, "
-                                     f"the observation space {width}x{height}", reason="SCREEN_SIZE_MISMATCH")
-        return arr
 
     def __repr__(self) -> str:
         task = self._task.id if self._task is not None else None
