@@ -19,6 +19,8 @@ osworld        per-rollout reset through DesktopEnv(provider_name="drums"): reus
 osworld-tasks  OSWorld's task set (--tasks DIR) on untouched desktops, reset + evaluate in both reuse
                modes, every task classified (clean, needs app, setup/evaluator error, ...)
 profile        where a restore's time goes, phase by phase, inside and outside CRIU
+floor          what CRIU's own costs leave: restore with eager vs lazy pages (CPU, PSS), CRIU's
+               restore timeline, the 16-way fan-out's CPU floor, a leave-running dump's fixed costs
 spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
 images         the osworld image against the light default one: size, build time, cold boot, init_state
                restore to agent-ready, PSS per session with Chromium and LibreOffice open
@@ -48,6 +50,7 @@ SUITES = {
     "osworld": ("osworld", "run_osworld"),
     "osworld-tasks": ("osworld_tasks", "run_osworld_tasks"),
     "profile": ("profile", "run_profile"),
+    "floor": ("floor", "run_floor"),
     "cluster": ("cluster", "run_cluster"),
     "spill": ("spill", "run_spill"),
     "images": ("images", "run_images"),
