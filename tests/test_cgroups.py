@@ -31,7 +31,8 @@ from drums_core.host import procs
 from drums_core.session.cgroups import GiB, MiB, Limits, SessionCgroup
 from drums_core.errors import FailedPrecondition, InvalidArgument
 from drums_core.sweep.ledger import Entry, Ledger
-from drums_core.sweep.sweep import parts_of, sweep
+from drums_core.sweep import sweep
+from drums_core.sweep.parts import parts_of
 
 REPO = str(Path(__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(180)

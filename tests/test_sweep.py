@@ -9,7 +9,6 @@ removes what it made, even when it fails.
 """
 from __future__ import annotations
 
-import importlib
 import contextlib
 import json
 import os
@@ -27,8 +26,8 @@ from drums_core.host import procs
 from drums_core.config import X11_DIR
 from drums_core.host.hoststate import ledger_claims, run_leaks, snapshot_host_state
 from drums_core.sweep.ledger import Ledger
-from drums_core.sweep.sweep import FAULT_WINDOWS, sweep
-sweep_mod = importlib.import_module("drums_core.sweep.sweep")  # the module (drums_core.sweep.sweep is the function)
+from drums_core.sweep import sweep
+from drums_core.sweep.hostops import FAULT_WINDOWS, nft_tables
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -227,7 +226,7 @@ class World:
         assert (self.published / "manifest.json").is_file()
         assert procs.is_alive(self.live.owner()["pid"])
         assert os.path.exists(f"/sys/class/net/{self.decoy_ifname}")
-        assert ("inet", self.decoy_table) in sweep_mod.nft_tables()
+        assert ("inet", self.decoy_table) in nft_tables()
         assert os.path.islink(self.decoy_x11)
 
     def assert_run_gone(self) -> None:

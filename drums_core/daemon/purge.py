@@ -166,7 +166,7 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
     instance could not be stopped, or a path is not what Drums made (a symbolic link)."""
     from ..client import Client
     from ..sweep.ledger import Ledger
-    from ..sweep.sweep import sweep
+    from ..sweep.driver import sweep
 
     report = PurgeReport(instance=instance.name)
     if plan.spill_dir:

@@ -20,7 +20,7 @@ from ..errors import DrumsError
 from ..sweep.ledger import Ledger
 from ..host.procs import is_alive
 from ..session.supervisor import Liveness, Session, SessionSpec, State, Supervisor
-from ..sweep.sweep import sweep
+from ..sweep.driver import sweep
 
 log = logging.getLogger("drums.recovery")
 

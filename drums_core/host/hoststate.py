@@ -179,7 +179,7 @@ def run_leaks(state: dict, run: str, *, links: Iterable[str] = (), nft_tables: I
 def ledger_claims(ledger_root: str | Path, run: str) -> dict:
     """Links, nft tables and X11 links a run's ledger names (read before a sweep, for :func:`run_leaks`)."""
     from ..sweep.ledger import Ledger
-    from ..sweep.sweep import parts_of
+    from ..sweep.parts import parts_of
 
     out: dict[str, list[str]] = {"links": [], "nft_tables": [], "x11_links": [], "paths": []}
     for e in Ledger(ledger_root, run).entries():

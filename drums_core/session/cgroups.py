@@ -21,7 +21,7 @@ Plan, then apply, as the ledger needs (write-ahead)::
     cg.remove()                                        # kill every member, rmdir; then
     ledger.forget("cgroup", cg.name)
 
-The sweep (:mod:`drums_core.sweep.sweep`) reaps groups of dead runs with :func:`members`,
+The sweep (:mod:`drums_core.sweep.step_mounts`) reaps groups of dead runs with :func:`members`,
 :func:`kill_members`, :func:`remove_dirs` and :func:`check_group_dir`; leak checks use
 :func:`list_run_groups`. Nothing here follows a symlink or touches a directory outside
 ``<hierarchy>/drums/``.

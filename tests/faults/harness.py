@@ -156,7 +156,7 @@ TIMED_RE = re.compile(r"^(criu|criu-top)\+\d+ms$")
 
 def engine_windows() -> set[str]:
     """Every literal ``faults.hit("...")`` in the engine, plus the sweep's own windows."""
-    from drums_core.sweep.sweep import FAULT_WINDOWS
+    from drums_core.sweep.hostops import FAULT_WINDOWS
 
     found: set[str] = set(FAULT_WINDOWS)
     for path in (REPO / "drums_core").rglob("*.py"):
@@ -223,7 +223,7 @@ def _links() -> set[str]:
 
 
 def _nft_names() -> set[str]:
-    from drums_core.sweep.sweep import nft_tables
+    from drums_core.sweep.hostops import nft_tables
 
     return {name for _family, name in nft_tables()}
 

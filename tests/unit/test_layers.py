@@ -23,7 +23,8 @@ CORE_LAYERS = {
                 "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat"},
     "store": {"snapshots", "budget", "transfer"},
     "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images"},
-    "sweep": {"sweep", "ledger"},
+    "sweep": {"ledger", "driver", "run", "step_processes", "step_mounts", "step_links", "step_dirs", "parts", "live",
+              "hostops", "report", "cli"},
 }
 OSWORLD_TOP = {"__init__", "actions", "progress", "tasks", "desktop", "setup_journal"}
 OSWORLD_LAYERS = {
@@ -110,9 +111,13 @@ def test_modules_run_with_python_m_are_there(module):
 def test_sweep_package_reexports_the_sweep():
     import drums_core.sweep as pkg
 
-    mod = sys.modules["drums_core.sweep.sweep"]
-    for name in ("sweep", "sweep_instance", "session_selector", "RunReport", "RunStatus", "SweepReport", "main"):
+    from drums_core.sweep import cli, driver, report
+
+    homes = {"sweep": driver, "sweep_instance": driver, "session_selector": driver, "RunReport": report,
+             "RunStatus": report, "SweepReport": report, "main": cli}
+    for name, mod in homes.items():
         assert getattr(pkg, name) is getattr(mod, name), name
+    assert callable(pkg.sweep) and pkg.sweep.__module__ == "drums_core.sweep.driver"
 
 
 def _python(code: str, *, path: list[str], bare: bool = False) -> subprocess.CompletedProcess:

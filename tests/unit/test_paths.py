@@ -11,7 +11,7 @@ import pytest
 
 from drums_core.host import procs
 from drums_core.sweep.ledger import Entry
-from drums_core.sweep.sweep import Part, parts_of, snapshot_published
+from drums_core.sweep.parts import Part, parts_of, snapshot_published
 
 
 # ------------------------------------------------------------------ path components
