@@ -22,7 +22,8 @@ CORE_LAYERS = {
     "session": {"supervisor", "restore_steps", "init", "launch", "enter", "containment", "cgroups", "rootfs",
                 "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat"},
     "store": {"snapshots", "budget", "transfer"},
-    "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images"},
+    "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images", "image_spec", "image_store",
+             "image_hash", "image_recipe", "idshift"},
     "sweep": {"ledger", "driver", "run", "step_processes", "step_mounts", "step_links", "step_dirs", "parts", "live",
               "hostops", "report", "cli"},
 }
