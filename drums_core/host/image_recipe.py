@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import config
 from ..errors import FailedPrecondition, Internal, Unavailable
-from . import linux, procs
+from . import linux, mounttable
 from .idshift import shift_ids
 from .image_spec import DEBIAN_BASE, ImageSpec
 from .image_store import Progress, get, rootfs_path
@@ -231,7 +231,7 @@ def strip_dev_nodes(rootfs: Path) -> int:
     image's filesystem, and never descends."""
     dev = rootfs / "dev"
     st = os.lstat(dev)
-    mounted = procs.mounts_within(procs.read_mountinfo(), [os.path.realpath(dev)])
+    mounted = mounttable.mounts_within(mounttable.read_mountinfo(), [os.path.realpath(dev)])
     if not stat.S_ISDIR(st.st_mode) or st.st_dev != os.lstat(rootfs).st_dev or mounted:
         raise Internal(f"{dev} is not a plain directory of the image; not touching it", reason="IMAGE_BUILD_FAILED")
     removed = 0

@@ -52,7 +52,7 @@ def mount(source: str, target: str, fstype: str | None, flags: int = 0, data: st
 
 
 def umount(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
+    _check(_libc.umount2(os.fsencode(target), flags), f"umount {target}")
 
 
 def unshare(flags: int) -> None:

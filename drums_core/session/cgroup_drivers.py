@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
-from ..host import procs
+from ..host import ownedpaths
 from .cgroup_fs import REQUIRED, V1_ROLES, Hierarchy, group_name, hierarchies, parse_keyed, read_value, write_value
 from .cgroup_session import SessionCgroup
 
@@ -225,7 +225,7 @@ class CgroupV2Driver(CgroupDriver):
     version = "v2"
 
     def __init__(self, root: str = "/sys/fs/cgroup", controllers: Iterable[str] = REQUIRED) -> None:
-        self.root = procs.norm_path(root)
+        self.root = ownedpaths.norm_path(root)
         self.controllers = frozenset(controllers)
         try:
             available = set(read_value(os.path.join(self.root, "cgroup.controllers")).split())

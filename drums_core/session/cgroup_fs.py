@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..config import check_name
 from ..errors import InvalidArgument
-from ..host import procs
+from ..host import mounttable, ownedpaths
 
 BASE = "drums"
 REQUIRED = ("memory", "pids", "cpu")          # controllers a session's limits need (v1 and v2)
@@ -54,10 +54,10 @@ class Hierarchy:
     controllers: frozenset[str] = frozenset()
 
 
-def hierarchies(mounts: Iterable[procs.MountInfo] | None = None) -> list[Hierarchy]:
+def hierarchies(mounts: Iterable[mounttable.MountInfo] | None = None) -> list[Hierarchy]:
     """Every cgroup hierarchy mounted in this mount namespace, once each (first mount point wins).
     Raises OSError/ValueError when the mount table cannot be read."""
-    table = procs.read_mountinfo() if mounts is None else mounts
+    table = mounttable.read_mountinfo() if mounts is None else mounts
     out: list[Hierarchy] = []
     seen: set[tuple[str, str]] = set()
     for m in table:
@@ -73,22 +73,22 @@ def hierarchies(mounts: Iterable[procs.MountInfo] | None = None) -> list[Hierarc
     return out
 
 
-def cgroup_mountpoints(mounts: Iterable[procs.MountInfo]) -> set[str]:
+def cgroup_mountpoints(mounts: Iterable[mounttable.MountInfo]) -> set[str]:
     """Mount points of every cgroup/cgroup2 mount in ``mounts`` (the roots the sweep may act under)."""
     return {m.mountpoint for m in mounts if m.fstype in ("cgroup", "cgroup2")}
 
 
-def check_group_dir(path: str, mounts: Sequence[procs.MountInfo]) -> str | None:
+def check_group_dir(path: str, mounts: Sequence[mounttable.MountInfo]) -> str | None:
     """None when ``path`` is ``<cgroup mount>/drums/<run>/<session>`` with that cgroup mount the
     deepest mount holding it and no symlink on the way; else why not (the sweep then keeps it)."""
     try:
-        norm = procs.check_owned_path(path)
+        norm = ownedpaths.check_owned_path(path)
         name = "/".join(norm.split("/")[-3:])
         parse_group_name(name)
     except (ValueError, InvalidArgument) as exc:
         return f"{path!r} is not a cgroup path of Drums: {exc}"
     root = norm[: -len(name) - 1]
-    holder = max((m for m in mounts if procs.path_within(norm, m.mountpoint)), key=lambda m: m.depth, default=None)
+    holder = max((m for m in mounts if ownedpaths.path_within(norm, m.mountpoint)), key=lambda m: m.depth, default=None)
     if holder is None or holder.fstype not in ("cgroup", "cgroup2") or holder.mountpoint != root:
         return f"{path} is not directly under a cgroup mount (deepest mount: {holder.mountpoint if holder else '-'})"
     if os.path.lexists(norm) and os.path.realpath(norm) != norm:
@@ -96,7 +96,7 @@ def check_group_dir(path: str, mounts: Sequence[procs.MountInfo]) -> str | None:
     return None
 
 
-def list_run_groups(mounts: Iterable[procs.MountInfo] | None = None) -> dict[str, list[str]]:
+def list_run_groups(mounts: Iterable[mounttable.MountInfo] | None = None) -> dict[str, list[str]]:
     """Every Drums group on the host, by run: ``<hierarchy>/drums/<run>/<session>`` directories of
     every mounted hierarchy, and ``<hierarchy>/drums/<run>`` itself when it holds no session group.
     Raises OSError/ValueError when the mount table cannot be read."""

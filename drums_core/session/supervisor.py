@@ -34,7 +34,8 @@ from .restore_steps import RestoreStep, StepTrace, rolled_back
 from ..sweep.ledger import Ledger
 from .nat import NatManager
 from ..host import procs
-from ..host.procs import boot_id, is_alive, mount_key
+from ..host.mounttable import mount_key
+from ..host.procs import boot_id, is_alive
 from .processes import ProcessInfo, kill_tree_under, session_processes
 from ..store.snapshots import Snapshot, SnapshotStore
 from ..store.budget import BudgetConfig, StoreKeeper

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..host import procs
+from ..host import ownedpaths
 from ..session import cgroups
 from .ledger import Entry
 
@@ -32,8 +32,8 @@ def _path_field(data: dict, key: str, *names: str) -> str:
     for name in names:
         v = data.get(name)
         if v is not None:
-            return procs.check_owned_path(str(v))
-    return procs.check_owned_path(key)
+            return ownedpaths.check_owned_path(str(v))
+    return ownedpaths.check_owned_path(key)
 
 
 def int_or_none(v: Any) -> int | None:
@@ -58,7 +58,7 @@ def _cgroup_parts(key: str, data: dict) -> list[Part]:
         raise ValueError(f"cgroup entry {key!r}: paths must be a non-empty list of directories")
     out = []
     for p in paths:
-        procs.check_owned_path(p)
+        ownedpaths.check_owned_path(p)
         if not p.endswith("/" + key):
             raise ValueError(f"cgroup entry {key!r}: path {p!r} is not <hierarchy>/{key}")
         out.append(Part("cgroup", (p,)))
@@ -79,9 +79,9 @@ def parts_of(entry: Entry) -> list[Part]:
         if pid is not None and start is not None and pid > 1:
             out.append(Part("proc", (pid, start)))
         if d.get("root"):
-            out.append(Part("mount", (procs.check_owned_path(str(d["root"])),)))
+            out.append(Part("mount", (ownedpaths.check_owned_path(str(d["root"])),)))
         if d.get("dir"):
-            out.append(Part("dir", (procs.check_owned_path(str(d["dir"])),)))
+            out.append(Part("dir", (ownedpaths.check_owned_path(str(d["dir"])),)))
         if d.get("ifname"):
             out.append(_link_part(d["ifname"], d.get("ifindex")))
         return out
@@ -113,7 +113,7 @@ def parts_of(entry: Entry) -> list[Part]:
         sdir = d.get("dir") or d.get("path")
         if not sdir:
             return []
-        sdir = procs.check_owned_path(str(sdir))
+        sdir = ownedpaths.check_owned_path(str(sdir))
         if snapshot_published(sdir):
             return []
         return [Part("dir", (sdir,))]
@@ -136,7 +136,7 @@ def claims_of(entry: Entry) -> tuple[set[str], set[str], set[tuple[str, str]]]:
         parts = []
         for v in (entry.key, *(str(x) for x in entry.data.values() if isinstance(x, str))):
             if v.startswith("/"):
-                paths.add(procs.norm_path(v))
+                paths.add(ownedpaths.norm_path(v))
     for p in parts:
         if p.kind in ("mount", "dir", "x11", "cgroup"):
             paths.add(p.value[0])

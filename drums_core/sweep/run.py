@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import Busy, DrumsError
-from ..host import procs
+from ..host import mounttable, ownedpaths, procs
 from . import hostops
 from .hostops import fault
 from .ledger import Entry, Ledger, LedgerCorrupt
@@ -89,7 +89,7 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
         self.superseded: set[Part] = set()
         self.derived_dirs: set[str] = set()
         self.owner_rec: dict | None = None
-        self.host_mounts: list[procs.MountInfo] = []
+        self.host_mounts: list[mounttable.MountInfo] = []
         self.cgroups_kept: set[tuple[str, str]] = set()
         self.hostnet_done: set[Part] = set()
 
@@ -147,7 +147,7 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
                 return self._fail_closed(f"cgroup {e.key!r} is not a group of run {self.run}")
             self.entries[(e.kind, e.key)] = e
         try:
-            host_mounts = procs.read_mountinfo()
+            host_mounts = mounttable.read_mountinfo()
         except (OSError, ValueError) as exc:
             return self._fail_closed(f"cannot read /proc/self/mountinfo: {exc}")
         self.host_mounts = host_mounts
@@ -196,15 +196,15 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
             self.report.notes.append(msg)
 
     def _mark_superseded(self) -> None:
-        ledger_root = procs.norm_path(str(self.root.resolve()))
+        ledger_root = ownedpaths.norm_path(str(self.root.resolve()))
         for _, p in self._all_parts("mount") + self._all_parts("dir") + self._all_parts("x11"):
             path = p.value[0]
-            if procs.path_within(ledger_root, path):
+            if ownedpaths.path_within(ledger_root, path):
                 self.superseded.add(p)
                 self._note(f"{path} holds the ledger root: left alone")
                 continue
             for claim in self.live.paths:
-                if procs.path_within(claim, path):
+                if ownedpaths.path_within(claim, path):
                     self.superseded.add(p)
                     self._note(f"{path} holds {claim}, recorded by a live run: left alone")
                     break
@@ -222,13 +222,13 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
                 self._note(f"nft table {p.value[0]} {p.value[1]} is recorded by a live run: left alone")
 
     # -------------------------------------------------------------- step 8: forget
-    def _part_done(self, p: Part, mounts: list[procs.MountInfo] | None, tables: set | None) -> bool:
+    def _part_done(self, p: Part, mounts: list[mounttable.MountInfo] | None, tables: set | None) -> bool:
         if p in self.superseded:
             return True
         if p.kind == "proc":
             return not procs.is_alive(*p.value)
         if p.kind == "mount":
-            return mounts is not None and not procs.mounts_within(mounts, [p.value[0]])
+            return mounts is not None and not mounttable.mounts_within(mounts, [p.value[0]])
         if p.kind == "dir":
             return not os.path.lexists(p.value[0]) and not self._leftovers(p.value[0], [])
         if p.kind == "cgroup":
@@ -249,7 +249,7 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
         if self.dry_run:
             return
         try:
-            mounts: list[procs.MountInfo] | None = procs.read_mountinfo()
+            mounts: list[mounttable.MountInfo] | None = mounttable.read_mountinfo()
         except (OSError, ValueError):
             mounts = None
         tables = None

@@ -8,7 +8,7 @@ import re
 import secrets
 import shutil
 
-from ..host import procs
+from ..host import mounttable
 from .hostops import collect_into
 
 RETIRE_KEY = "sweep_retiring"
@@ -47,7 +47,7 @@ class DirStep:
         if not by_path:
             return
         try:
-            mounts = procs.read_mountinfo()
+            mounts = mounttable.read_mountinfo()
         except (OSError, ValueError) as exc:
             self.report.errors.append(f"cannot read /proc/self/mountinfo, no directory removed: {exc}")
             return
@@ -55,7 +55,7 @@ class DirStep:
             eks = by_path[path]
             todo = self._leftovers(path, eks)
             if os.path.lexists(path):
-                busy = procs.mounts_within(mounts, [path])
+                busy = mounttable.mounts_within(mounts, [path])
                 if busy:
                     self.report.errors.append(f"dir {path} still has a mount at {busy[0].mountpoint}: kept")
                     continue
@@ -77,7 +77,7 @@ class DirStep:
                 self.report.dirs_removed += len(todo)
                 continue
             for victim in todo:
-                if procs.mounts_within(mounts, [victim]):
+                if mounttable.mounts_within(mounts, [victim]):
                     self.report.errors.append(f"{victim} has a mount under it: kept")
                     continue
                 errs: list[str] = []

@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from ..host import procs
+from ..host import mounttable, ownedpaths, procs
 from ..session import cgroups
 
 log = logging.getLogger("drums.sweep")
@@ -27,7 +27,7 @@ class MountStep:
         keys += [x.data.get("mount_key") for x in self.entries.values() if x.kind in ("mount", "session")]
         return {tuple(k) for k in keys if isinstance(k, list) and len(k) == 3 and all(isinstance(i, str) for i in k)}
 
-    def _remember_host_mounts(self, hits: list[procs.MountInfo]) -> None:
+    def _remember_host_mounts(self, hits: list[mounttable.MountInfo]) -> None:
         """Write-ahead: the identity of host mounts about to go, so that a rerun still knows copies
         of them in other mount namespaces (cloned while they existed) are copies, not holders."""
         known = self._unmounted_keys()
@@ -46,12 +46,12 @@ class MountStep:
         failed: dict[str, str] = {}
         for _ in range(64):
             try:
-                mounts = procs.read_mountinfo()
+                mounts = mounttable.read_mountinfo()
             except (OSError, ValueError) as exc:
                 self.report.errors.append(f"cannot read /proc/self/mountinfo: {exc}")
                 return
-            hits = [m for m in procs.mounts_within(mounts, roots)
-                    if not procs.within_any(m.mountpoint, claims) and m.mountpoint not in failed]
+            hits = [m for m in mounttable.mounts_within(mounts, roots)
+                    if not ownedpaths.within_any(m.mountpoint, claims) and m.mountpoint not in failed]
             if not hits:
                 break
             progress = False
@@ -63,7 +63,7 @@ class MountStep:
                     self._note(f"would unmount {m.mountpoint} ({m.fstype})")
                     continue
                 try:
-                    procs.umount_detach(m.mountpoint)
+                    mounttable.umount_detach(m.mountpoint)
                 except OSError as exc:
                     if exc.errno not in (errno.EINVAL, errno.ENOENT):
                         failed[m.mountpoint] = str(exc)

@@ -7,7 +7,7 @@ import logging
 import signal
 from collections.abc import Iterable
 
-from ..host import procs
+from ..host import mounttable, ownedpaths, procs
 from ..session import cgroups
 from . import hostops
 from .parts import Part
@@ -27,7 +27,7 @@ class ProcessStep:
         return exact | set(roots) | procs.descendants(table, roots)
 
     def _holder_namespaces(self, table: dict[int, procs.ProcInfo], roots: list[str],
-                           host_mounts: list[procs.MountInfo]) -> dict[str, list[int]]:
+                           host_mounts: list[mounttable.MountInfo]) -> dict[str, list[int]]:
         """Foreign mount namespaces holding a mount of their own under ``roots``: ns -> pids."""
         own_ns = procs.mnt_ns("self")
         by_ns: dict[str, list[int]] = {}
@@ -46,14 +46,14 @@ class ProcessStep:
             mounts = None
             for pid in pids:
                 try:
-                    mounts = procs.read_mountinfo(pid)
+                    mounts = mounttable.read_mountinfo(pid)
                     break
                 except (OSError, ValueError):
                     continue
             if not mounts:
                 continue
             for m in mounts:
-                if not any(procs.within_any(ref, roots) for ref in m.referenced_paths()):
+                if not any(ownedpaths.within_any(ref, roots) for ref in m.referenced_paths()):
                     continue
                 if m.mountpoint != "/":
                     if m.peer_groups & host_groups:
@@ -64,7 +64,7 @@ class ProcessStep:
                 break
         return out
 
-    def _discover(self, table: dict[int, procs.ProcInfo], host_mounts: list[procs.MountInfo]) -> dict[int, str]:
+    def _discover(self, table: dict[int, procs.ProcInfo], host_mounts: list[mounttable.MountInfo]) -> dict[int, str]:
         # A selective sweep leaves the run's other sessions alone: they carry the same tag.
         tag = procs.run_tag(self.run) if self.select is None else None
         recorded = {p.value for p in self._active("proc")}
@@ -78,8 +78,8 @@ class ProcessStep:
             elif p.key in recorded:
                 found[p.pid] = "recorded"
             elif p.is_criu and roots:
-                names = [a for arg in p.argv for a in procs.arg_paths(arg)] + procs.proc_paths(p.pid).all()
-                hit = next((n for n in names if procs.within_any(n, roots)), None)
+                names = [a for arg in p.argv for a in ownedpaths.arg_paths(arg)] + procs.proc_paths(p.pid).all()
+                hit = next((n for n in names if ownedpaths.within_any(n, roots)), None)
                 if hit:
                     found[p.pid] = f"criu names {hit}"
         for path in self._cgroup_dirs():
@@ -102,7 +102,7 @@ class ProcessStep:
             p = table.get(pid)
             if p is None or procs.mnt_ns(pid) != own_ns:
                 continue  # paths seen from another mount namespace are not host paths
-            names = procs.proc_paths(pid).all() + [a for arg in p.argv for a in procs.arg_paths(arg)]
+            names = procs.proc_paths(pid).all() + [a for arg in p.argv for a in ownedpaths.arg_paths(arg)]
             for n in names:
                 parts = n.split("/")
                 if len(parts) >= 3 and parts[1] == "tmp" and parts[2].startswith(".criu."):
@@ -115,7 +115,7 @@ class ProcessStep:
                         self.entries[("dir", d)] = e
                         self.parts[("dir", d)] = [Part("dir", (d,))]
 
-    def _processes(self, host_mounts: list[procs.MountInfo]) -> None:
+    def _processes(self, host_mounts: list[mounttable.MountInfo]) -> None:
         r = self.report
         seen: set[tuple[int, int]] = set()
         killed: set[tuple[int, int]] = set()

@@ -24,7 +24,7 @@ CORE_LAYERS = {
                 "cgroup_kill", "cgroup_session", "cgroup_drivers"},
     "store": {"snapshots", "budget", "transfer"},
     "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images", "image_spec", "image_store",
-             "image_hash", "image_recipe", "idshift"},
+             "image_hash", "image_recipe", "idshift", "ownedpaths", "mounttable"},
     "sweep": {"ledger", "driver", "run", "step_processes", "step_mounts", "step_links", "step_dirs", "parts", "live",
               "hostops", "report", "cli"},
 }

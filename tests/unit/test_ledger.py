@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drums_core.host import procs
+from drums_core.host import linux, procs
 from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from drums_core.sweep.ledger import OWNER, Ledger, LedgerCorrupt, decode_key, encode_key, entry_filename, write_atomic
 from drums_core.sweep import hostops, session_selector, sweep
@@ -33,7 +33,7 @@ def _run_id(label: str = "u") -> str:
 @pytest.fixture
 def kids():
     """Start children; this test is their subreaper, and every one is killed and reaped at the end."""
-    procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     started: list[subprocess.Popen] = []
 
     def start(argv, **kw):
@@ -57,7 +57,7 @@ def kids():
         if not procs.descendants(procs.scan_processes(), [os.getpid()]):
             break
         time.sleep(0.05)
-    procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
 
 
 def _wait_argv(pid: int, last: str, timeout: float = 5.0) -> None:
