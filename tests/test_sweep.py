@@ -375,7 +375,7 @@ def test_a_mount_that_will_not_go_keeps_its_directory(world, monkeypatch):
             raise OSError(16, "Device or resource busy")
         return real(path)
 
-    monkeypatch.setattr(procs, "umount_detach", refuse)
+    monkeypatch.setattr(mounttable, "umount_detach", refuse)
     report = sweep(world.ledger_root)
     rr = {r.run: r for r in report.runs}[world.run]
     assert rr.status == "incomplete" and any(stuck in e for e in rr.errors)

@@ -1,6 +1,6 @@
 """The sweep over a ledger root (:func:`sweep`): the live context, then one :class:`RunSweep` per dead
-run (or the named one, or one session's entries with ``select``); :func:`sweep_instance` for a
-stopped instance's whole state. What one run's sweep does: :mod:`drums_core.sweep.run`."""
+run (or the named one, or one session's entries with ``select``). What one run's sweep does:
+:mod:`drums_core.sweep.run`; a stopped instance's whole state: :mod:`drums_core.sweep.instance`."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import Instance
 from ..errors import InvalidArgument
 from ..host import procs
 from .hostops import KILL_TIMEOUT, MAX_PASSES
@@ -97,26 +96,6 @@ def sweep(ledger_root: Path | str, run: str | None = None, dry_run: bool = False
         else:
             log.info(rr.summary())
     return report
-
-
-def sweep_instance(instance: Instance) -> dict:
-    """What a stopped instance left on the host, gone: its dead runs swept (:func:`sweep`), its state
-    tmpfs unmounted, its daemon files (``instance.daemon_files``) and its emptied state directory
-    removed. Its log stays, to be read. Only once its daemon has stopped: under a live daemon this
-    would unmount the state it works in. Returns ``{"sweep": <report, {} without ledgers>, "unmounted": n}``.
-    """
-    from ..session.rootfs import is_mountpoint, unmount_tree
-
-    report = sweep(instance.ledger_root) if instance.ledger_root.exists() else None
-    state = instance.state_dir
-    unmounted = unmount_tree(state) if state.exists() and is_mountpoint(state) else 0
-    for path in instance.daemon_files:
-        path.unlink(missing_ok=True)
-    try:
-        state.rmdir()
-    except OSError:
-        pass
-    return {"sweep": report.to_dict() if report is not None else {}, "unmounted": unmounted}
 
 
 def session_selector(sid: str) -> Callable[[Entry], bool]:

@@ -26,7 +26,7 @@ CORE_LAYERS = {
     "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images", "image_spec", "image_store",
              "image_hash", "image_recipe", "idshift", "ownedpaths", "mounttable"},
     "sweep": {"ledger", "driver", "run", "step_processes", "step_mounts", "step_links", "step_dirs", "parts", "live",
-              "hostops", "report", "cli"},
+              "hostops", "report", "cli", "instance"},
 }
 OSWORLD_TOP = {"__init__", "actions", "progress", "tasks", "desktop", "setup_journal"}
 OSWORLD_LAYERS = {
@@ -113,9 +113,9 @@ def test_modules_run_with_python_m_are_there(module):
 def test_sweep_package_reexports_the_sweep():
     import drums_core.sweep as pkg
 
-    from drums_core.sweep import cli, driver, report
+    from drums_core.sweep import cli, driver, instance, report
 
-    homes = {"sweep": driver, "sweep_instance": driver, "session_selector": driver, "RunReport": report,
+    homes = {"sweep": driver, "sweep_instance": instance, "session_selector": driver, "RunReport": report,
              "RunStatus": report, "SweepReport": report, "main": cli}
     for name, mod in homes.items():
         assert getattr(pkg, name) is getattr(mod, name), name
