@@ -526,7 +526,7 @@ def _purge(args, instance) -> int:
 def _sweep(args, instance) -> int:
     from pathlib import Path
 
-    from .sweep.sweep import sweep
+    from .sweep.driver import sweep
 
     root = Path(args.ledger) if args.ledger else instance.ledger_root
     report = sweep(root, run=args.run, dry_run=args.dry_run, only_dead=not args.force,

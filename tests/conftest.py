@@ -90,7 +90,7 @@ def stop_instance(instance: Instance) -> dict:
     """Stop the instance's daemon (destroying its sessions), sweep dead ledgers, unmount its state."""
     from drums_core.client import Client
     from drums_core.store.budget import DEFAULT_SPILL_ROOT
-    from drums_core.sweep.sweep import sweep_instance
+    from drums_core.sweep import sweep_instance
 
     Client(instance, autostart=False).shutdown(destroy_sessions=True)
     report = sweep_instance(instance)["sweep"]

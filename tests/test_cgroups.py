@@ -27,11 +27,12 @@ import pytest
 
 from drums_core.session import cgroups
 
-from drums_core.host import procs
+from drums_core.host import linux, mounttable, procs
 from drums_core.session.cgroups import GiB, MiB, Limits, SessionCgroup
 from drums_core.errors import FailedPrecondition, InvalidArgument
 from drums_core.sweep.ledger import Entry, Ledger
-from drums_core.sweep.sweep import parts_of, sweep
+from drums_core.sweep import sweep
+from drums_core.sweep.parts import parts_of
 
 REPO = str(Path(__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(180)
@@ -64,7 +65,7 @@ class Host:
         self.groups: list[SessionCgroup] = []
         self.popens: list[subprocess.Popen] = []
         self.runs: set[str] = set()
-        procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
 
     def create(self, driver: cgroups.CgroupDriver, run: str, session: str = "s1",
                limits: Limits | None = None) -> SessionCgroup:
@@ -103,7 +104,7 @@ class Host:
                 g.remove(5.0)
             except Exception as exc:  # noqa: BLE001 - cleanup of a failed test: reported below
                 errors.append(f"{g.name}: {exc}")
-        procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
         left = {r: paths for r, paths in cgroups.list_run_groups().items() if r in self.runs}
         assert not errors and not left, f"cleanup left cgroups: {errors} {left}"
 
@@ -203,7 +204,7 @@ def test_oom_kills_and_memory_read_from_synthetic_files(tmp_path):
 
 
 def test_check_group_dir_only_accepts_drums_groups_directly_under_a_cgroup_mount():
-    from drums_core.host.procs import parse_mountinfo
+    from drums_core.host.mounttable import parse_mountinfo
 
     table = parse_mountinfo(
         "1 0 0:1 / / rw - ext4 /dev/root rw\n"
@@ -243,7 +244,7 @@ def test_malformed_cgroup_entries_are_not_acted_on(key, data):
 
 def test_sweep_fails_closed_on_a_group_of_another_run_or_a_path_that_is_no_cgroup(tmp_path):
     """No root needed: nothing here is a real cgroup, and the sweep must not act on any of it."""
-    procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     kids: list[subprocess.Popen] = []
     try:
         root = tmp_path / "ledger"
@@ -278,7 +279,7 @@ def test_sweep_fails_closed_on_a_group_of_another_run_or_a_path_that_is_no_cgrou
         for p in kids:
             p.kill()
             p.wait()
-        procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_sweep_fails_closed_on_a_group_of_another_run_or_a_path_that_is_no_cgrou
 def test_detect_on_this_host(driver):
     assert driver.version in ("v1", "v2")
     for r in driver.roots():
-        assert r in cgroups.cgroup_mountpoints(procs.read_mountinfo())
+        assert r in cgroups.cgroup_mountpoints(mounttable.read_mountinfo())
     if driver.version == "v1":
         assert set(cgroups.REQUIRED) <= set(driver.mounts)
         root, have = _v2_root()

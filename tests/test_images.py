@@ -25,8 +25,8 @@ import pytest
 
 from drums_core import config
 
-from drums_core.host import images
-from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from drums_core.host import idshift, image_recipe, image_store, images
+from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def _cleanup(name: str) -> None:
     target = config.IMAGE_STORE / name
     if target.exists():
         shutil.rmtree(target)
-    for d in images._stale_builds(name):
+    for d in image_store.stale_builds(name):
         shutil.rmtree(d, ignore_errors=True)
     (config.IMAGE_STORE / ".locks" / name).unlink(missing_ok=True)
     (config.IMAGE_STORE / ".locks" / f"{name}@use").unlink(missing_ok=True)
@@ -179,7 +179,7 @@ def test_shift_ids_keeps_setuid_and_caps_never_follows_symlinks(tmp_path: Path) 
     back = images.shift_ids(root, -config.ID_BASE)
     assert os.stat(suid).st_uid == 0 and os.stat(suid).st_mode & stat.S_ISUID and back.files == 6
     os.lchown(root / "escape", 70000, 0)
-    with pytest.raises(images.Unavailable, match="outside 0..65535"):
+    with pytest.raises(Unavailable, match="outside 0..65535"):
         images.shift_ids(root, config.ID_BASE)
 
 
@@ -194,7 +194,7 @@ def _user_spec(tmp_path: Path, name: str, commands: list[str] | None = None) -> 
 
 def _assert_ids_in_range(rootfs: Path) -> None:
     low, high = config.ID_BASE, config.ID_BASE + config.ID_COUNT
-    bad = [p for p, st in images._walk(rootfs) if not (low <= st.st_uid < high and low <= st.st_gid < high)]
+    bad = [p for p, st in idshift.walk(rootfs) if not (low <= st.st_uid < high and low <= st.st_gid < high)]
     assert not bad, f"{len(bad)} files outside the session's id range, e.g. {bad[:5]}"
 
 
@@ -250,7 +250,7 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
     assert (root / "etc/drums-test/cmd.txt").read_text() == "from-a-command\n"
     assert (root / "usr/bin/tree").is_file()
     _assert_ids_in_range(root)
-    assert not images._stale_builds(image_name)
+    assert not image_store.stale_builds(image_name)
 
     # Unchanged spec: a no-op through the CLI, which says so in JSON.
     inode = os.stat(root).st_ino
@@ -277,10 +277,10 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
         assert info.value.reason == "IMAGE_IN_USE"
         with pytest.raises(FailedPrecondition, match="mounted by"):
             images.build(spec, force=True)
-        assert images.get(image_name) == m and not images._stale_builds(image_name)
+        assert images.get(image_name) == m and not image_store.stale_builds(image_name)
     res = _images_cli("image", "rm", image_name)
     assert res.returncode == 0, res.stderr
-    assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
+    assert not (config.IMAGE_STORE / image_name).exists() and not image_store.stale_builds(image_name)
     with pytest.raises(NotFound):
         images.get(image_name)
 
@@ -325,7 +325,7 @@ def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
             proc.kill()
             proc.wait()
 
-    build_dirs = images._stale_builds(image_name)
+    build_dirs = image_store.stale_builds(image_name)
     assert build_dirs, "the interrupted build left no .build-* directory (was it killed mid-way?)"
     assert not (config.IMAGE_STORE / image_name).exists()
     with pytest.raises(NotFound):
@@ -346,7 +346,7 @@ def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name
     spec = images.ImageSpec(name=image_name, base="no-such-base")
     with pytest.raises(NotFound, match="drums image build no-such-base --spec FILE"):
         images.build(spec)
-    assert not (config.IMAGE_STORE / image_name).exists() and not images._stale_builds(image_name)
+    assert not (config.IMAGE_STORE / image_name).exists() and not image_store.stale_builds(image_name)
     assert not list((config.IMAGE_STORE / ".locks").glob(f"{image_name}*"))  # nothing was created
 
 
@@ -369,27 +369,27 @@ def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swap
     worker.start()
     try:
         deadline = time.monotonic() + 600
-        while not any((d / "rootfs/tmp/at-command").exists() for d in images._stale_builds(image_name)):
+        while not any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(image_name)):
             assert worker.is_alive() and time.monotonic() < deadline, f"the rebuild ended early: {errors}"
             time.sleep(0.2)
         with _session_overlay(tmp_path, image_name):
-            for d in images._stale_builds(image_name):
+            for d in image_store.stale_builds(image_name):
                 (d / "rootfs/tmp/session-started").touch()
             worker.join(timeout=600)
             assert len(errors) == 1 and isinstance(errors[0], FailedPrecondition), errors
             assert "the new build is kept" in str(errors[0])
             assert images.get(image_name) == first  # the image in use was not replaced
             staged = config.IMAGE_STORE / f".staged-{image_name}"
-            assert (staged / "manifest.json").is_file() and not images._stale_builds(image_name)
+            assert (staged / "manifest.json").is_file() and not image_store.stale_builds(image_name)
         # No session uses it any more: the same build again swaps the kept build in, no rebuild.
         lines: list[str] = []
         m = images.build(spec, progress=lines.append)
         assert any("swapping in the kept build" in line for line in lines), lines
         assert not any("copying image" in line for line in lines), f"the kept build was built again: {lines}"
         assert m.spec_hash == images.spec_hash(spec) != first.spec_hash and images.get(image_name) == m
-        assert not staged.exists() and not images._stale_builds(image_name)
+        assert not staged.exists() and not image_store.stale_builds(image_name)
     finally:
-        for d in images._stale_builds(image_name):  # never leave the worker waiting
+        for d in image_store.stale_builds(image_name):  # never leave the worker waiting
             (d / "rootfs/tmp").mkdir(parents=True, exist_ok=True)
             (d / "rootfs/tmp/session-started").touch()
         worker.join(timeout=600)
@@ -403,7 +403,7 @@ def test_strip_dev_nodes_removes_only_the_images_own_top_level_nodes(tmp_path: P
     for name, dev in (("console", (5, 1)), ("ptmx", (5, 2)), ("null", (1, 3)), ("pts/deep", (5, 1))):
         os.mknod(root / "dev" / name, 0o600 | stat.S_IFCHR, os.makedev(*dev))
     (root / "dev" / "fd").symlink_to("/proc/self/fd")
-    assert images._strip_dev_nodes(root) == 2
+    assert image_recipe.strip_dev_nodes(root) == 2
     assert sorted(p.name for p in (root / "dev").iterdir()) == ["fd", "null", "pts"]
     assert (root / "dev" / "pts" / "deep").exists()  # never descends
 
@@ -414,8 +414,8 @@ def test_strip_dev_nodes_removes_only_the_images_own_top_level_nodes(tmp_path: P
     (target / "dev").mkdir(parents=True)
     subprocess.run(["mount", "--bind", str(decoy), str(target / "dev")], check=True)
     try:
-        with pytest.raises(images.Internal, match="not a plain directory"):
-            images._strip_dev_nodes(target)
+        with pytest.raises(Internal, match="not a plain directory"):
+            image_recipe.strip_dev_nodes(target)
         assert (decoy / "vda").exists()
     finally:
         subprocess.run(["umount", str(target / "dev")], check=True)

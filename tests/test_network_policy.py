@@ -539,7 +539,7 @@ def _spare(name: str, index: int) -> Instance:
 def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up):
     from drums_core.client import Client
     from drums_core.sweep.ledger import Ledger
-    from drums_core.sweep.sweep import sweep
+    from drums_core.sweep import sweep
 
     kept = sessions(nat(up.ifname))
     inst = _spare("natcrash", 0)

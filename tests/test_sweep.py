@@ -9,7 +9,6 @@ removes what it made, even when it fails.
 """
 from __future__ import annotations
 
-import importlib
 import contextlib
 import json
 import os
@@ -23,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from drums_core.host import procs
+from drums_core.host import linux, mounttable, ownedpaths, procs
 from drums_core.config import X11_DIR
 from drums_core.host.hoststate import ledger_claims, run_leaks, snapshot_host_state
 from drums_core.sweep.ledger import Ledger
-from drums_core.sweep.sweep import FAULT_WINDOWS, sweep
-sweep_mod = importlib.import_module("drums_core.sweep.sweep")  # the module (drums_core.sweep.sweep is the function)
+from drums_core.sweep import sweep
+from drums_core.sweep.hostops import FAULT_WINDOWS, nft_tables
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -61,7 +60,7 @@ def _sh(*argv: str) -> None:
 
 def _ns_has_mount(pid: int, point: str) -> bool:
     try:
-        return any(m.mountpoint == point for m in procs.read_mountinfo(pid))
+        return any(m.mountpoint == point for m in mounttable.read_mountinfo(pid))
     except (OSError, ValueError):
         return False
 
@@ -91,7 +90,7 @@ class World:
         self.owned: dict[str, int] = {}
         self.decoys: dict[str, int] = {}
         self.made_x11_dir = False
-        procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
 
     # ------------------------------------------------------------------ helpers
     def spawn(self, argv, **kw) -> subprocess.Popen:
@@ -220,14 +219,14 @@ class World:
     def assert_decoys_intact(self) -> None:
         for what, pid in self.decoys.items():
             assert procs.is_alive(pid), f"decoy {what} ({pid}) was killed"
-        mounts = {m.mountpoint for m in procs.read_mountinfo()}
+        mounts = {m.mountpoint for m in mounttable.read_mountinfo()}
         assert str(self.D10) in mounts, "decoy tmpfs was unmounted"
         assert _ns_has_mount(self.decoys["ns holder under s10"], str(self.D10 / "nsmnt"))
         assert self.decoy_leftover.is_dir() and self.live_dir.is_dir() and self.live.path.is_dir()
         assert (self.published / "manifest.json").is_file()
         assert procs.is_alive(self.live.owner()["pid"])
         assert os.path.exists(f"/sys/class/net/{self.decoy_ifname}")
-        assert ("inet", self.decoy_table) in sweep_mod.nft_tables()
+        assert ("inet", self.decoy_table) in nft_tables()
         assert os.path.islink(self.decoy_x11)
 
     def assert_run_gone(self) -> None:
@@ -267,7 +266,7 @@ class World:
                     os.kill(p.pid, signal.SIGKILL)
         for _ in range(5):
             try:
-                hits = procs.mounts_within(procs.read_mountinfo(), [str(self.base), str(self.criu_tmp)])
+                hits = mounttable.mounts_within(mounttable.read_mountinfo(), [str(self.base), str(self.criu_tmp)])
             except (OSError, ValueError) as exc:
                 errors.append(str(exc))
                 break
@@ -275,7 +274,7 @@ class World:
                 break
             for m in hits:
                 with contextlib.suppress(OSError):
-                    procs.umount_detach(m.mountpoint)
+                    mounttable.umount_detach(m.mountpoint)
         for name in (self.ifname, self.decoy_ifname):
             if os.path.exists(f"/sys/class/net/{name}"):
                 subprocess.run(["ip", "link", "del", name], capture_output=True)
@@ -289,7 +288,7 @@ class World:
         if self.made_x11_dir:
             with contextlib.suppress(OSError):
                 X11_DIR.rmdir()
-        procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
         assert not errors, errors
 
 
@@ -312,7 +311,7 @@ def test_sweep_reaps_a_dead_run_and_spares_decoys(world):
     claims = ledger_claims(world.ledger_root, world.run)
     assert {m["mountpoint"] for m in before["mounts"][world.run]} >= {str(world.D / "t"), str(world.D / "t/root")}
     for m in before["mounts"][world.run]:
-        assert procs.within_any(m["mountpoint"], claims["paths"]) or m["mountpoint"].startswith(str(world.criu_tmp))
+        assert ownedpaths.within_any(m["mountpoint"], claims["paths"]) or m["mountpoint"].startswith(str(world.criu_tmp))
     assert len(before["tagged"][world.run]) == 2  # the tree's parent and its forked child
     assert world.ifname in before["links"] and {"family": "inet", "name": world.table} in before["nft_tables"]
 
@@ -350,7 +349,7 @@ def test_sweep_killed_at_its_own_windows_then_rerun(world, window):
     assert out.returncode == -signal.SIGKILL, (out.returncode, out.stderr)
     assert world.led.path.is_dir()
     assert all(not procs.is_alive(pid) for pid in world.owned.values())
-    mounts = {m.mountpoint for m in procs.read_mountinfo()}
+    mounts = {m.mountpoint for m in mounttable.read_mountinfo()}
     if window == "sweep-after-kill":
         assert str(world.D / "t" / "root") in mounts
     else:
@@ -369,14 +368,14 @@ def test_sweep_killed_at_its_own_windows_then_rerun(world, window):
 
 def test_a_mount_that_will_not_go_keeps_its_directory(world, monkeypatch):
     stuck = str(world.D / "t")  # a deeper mount that fails would go with its parent (MNT_DETACH)
-    real = procs.umount_detach
+    real = mounttable.umount_detach
 
     def refuse(path):
         if path == stuck:
             raise OSError(16, "Device or resource busy")
         return real(path)
 
-    monkeypatch.setattr(procs, "umount_detach", refuse)
+    monkeypatch.setattr(mounttable, "umount_detach", refuse)
     report = sweep(world.ledger_root)
     rr = {r.run: r for r in report.runs}[world.run]
     assert rr.status == "incomplete" and any(stuck in e for e in rr.errors)
@@ -429,8 +428,8 @@ def test_copies_of_mounts_the_engine_unmounted_itself_are_not_holders(world):
     t = world.D / "t"
     for point in (t / "root", t):
         world.led.update("mount" if point == t else "session", str(point) if point == t else "s1",
-                         mount_key=procs.mount_key(str(point)))
-        procs.umount_detach(str(point))
+                         mount_key=mounttable.mount_key(str(point)))
+        mounttable.umount_detach(str(point))
     decoy = world.decoys["ns holder under s10"]
     assert _ns_has_mount(decoy, str(t))  # its private copy outlives the host's mount
     report = sweep(world.ledger_root)

@@ -11,7 +11,8 @@ errors, a mount under the state directory other than its own tmpfs), the purge r
 :class:`FailedPrecondition` (``PURGE_REFUSED``) and deletes nothing. Else it removes the snapshots the
 store spilled to disk, unmounts the state tmpfs (which frees everything in it: sessions' directories,
 snapshots, ledgers, the code layer) and deletes the emptied mount point and the instance's files in
-the state root (lock, start lock, log, daemon stderr).
+the state root (lock, start lock, log, daemon stderr). The unmount and the removal of those files
+are the steps :func:`drums_core.sweep.sweep_instance` takes too (:mod:`drums_core.sweep.instance`).
 
 Nothing is followed: the state directory and the spill directory must be real directories (not
 symbolic links) and are removed with :func:`shutil.rmtree`, which never follows a link inside the
@@ -22,13 +23,13 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..host import linux
 from ..config import Instance
 from ..errors import DrumsError, FailedPrecondition
+from ..session.rootfs import mounts_under
+from ..sweep.instance import real_dir, remove_files, unmount_state
 
 
 
@@ -76,25 +77,6 @@ class PurgePlan:
         return out or [f"nothing of instance {self.instance} is on this host"]
 
 
-def _mounts_under(path: Path) -> list[str]:
-    real = os.path.realpath(path)
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4].replace("\\040", " ")
-            if point == real or point.startswith(real + "/"):
-                out.append(point)
-    return out
-
-
-def _real_dir(path: Path) -> bool:
-    """``path`` is a directory and not a symbolic link (never follows one)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
 def _check_spill_dir(path: Path) -> None:
     """Refuse a spill directory whose removal could reach beyond Drums' own files."""
     p = Path(os.path.normpath(path))
@@ -125,7 +107,7 @@ def plan_purge(instance: Instance, spill_dir: Path | None = None) -> PurgePlan:
                 spill_dir = Path(store_spill)
         except DrumsError:
             pass
-    elif _real_dir(instance.snapshots_dir):
+    elif real_dir(instance.snapshots_dir):
         plan.snapshots = [{"id": n, "name": None} for n in sorted(os.listdir(instance.snapshots_dir))
                           if not n.startswith(".")]
     if spill_dir is None:
@@ -138,7 +120,7 @@ def plan_purge(instance: Instance, spill_dir: Path | None = None) -> PurgePlan:
                           if Ledger(instance.ledger_root, r).owner_status() != "alive"]
     if os.path.lexists(instance.state_dir):
         plan.state_dir = str(instance.state_dir)
-        plan.mounts = _mounts_under(instance.state_dir)
+        plan.mounts = mounts_under(instance.state_dir)
         plan.state_mounted = os.path.realpath(instance.state_dir) in plan.mounts
     plan.files = [str(p) for p in _state_files(instance)
                   if os.path.lexists(p)]
@@ -166,13 +148,13 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
     instance could not be stopped, or a path is not what Drums made (a symbolic link)."""
     from ..client import Client
     from ..sweep.ledger import Ledger
-    from ..sweep.sweep import sweep
+    from ..sweep.driver import sweep
 
     report = PurgeReport(instance=instance.name)
     if plan.spill_dir:
         _check_spill_dir(Path(plan.spill_dir))
     for p in (instance.state_root, instance.state_dir):
-        if os.path.lexists(p) and not _real_dir(p):
+        if os.path.lexists(p) and not real_dir(p):
             raise FailedPrecondition(f"will not purge: {p} is not a directory (a symbolic link?)",
                                      reason="PURGE_REFUSED")
     Client(instance, autostart=False, timeout=wait).shutdown(destroy_sessions=True, wait=wait)
@@ -201,24 +183,20 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
                     f"(see `drums --instance {instance.name} sweep` for what is left)",
                     reason="PURGE_REFUSED", detail=report.sweep)
         state_point = os.path.realpath(instance.state_dir)
-        extra = [m for m in _mounts_under(instance.state_dir) if m != state_point]
+        extra = [m for m in mounts_under(instance.state_dir) if m != state_point]
         if extra:
             raise FailedPrecondition(f"sessions of instance {instance.name} could not be stopped: mounts remain "
                                      f"under {instance.state_dir}: {' '.join(extra)}; nothing was deleted",
                                      reason="PURGE_REFUSED", detail={"mounts": extra})
-        if plan.spill_dir and _real_dir(Path(plan.spill_dir)):
+        if plan.spill_dir and real_dir(Path(plan.spill_dir)):
             shutil.rmtree(plan.spill_dir)
             report.removed.append(plan.spill_dir)
-        if _mounts_under(instance.state_dir):
-            linux.umount(state_point, linux.MNT_DETACH)
+        if unmount_state(instance):
             report.unmounted.append(state_point)
-        if _real_dir(instance.state_dir):
+        if real_dir(instance.state_dir):
             shutil.rmtree(instance.state_dir)  # empty once unmounted; rmtree never follows a link in it
             report.removed.append(str(instance.state_dir))
-        for p in _state_files(instance):
-            if os.path.lexists(p) and not _real_dir(p):
-                os.unlink(p)
-                report.removed.append(str(p))
+        report.removed += remove_files(_state_files(instance))
     finally:
         os.close(lock)
     return report

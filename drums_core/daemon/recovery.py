@@ -21,7 +21,7 @@ from ..sweep.ledger import Ledger
 from ..host.procs import is_alive
 from ..session.model import Liveness, Session, SessionSpec, State
 from ..session.supervisor import Supervisor
-from ..sweep.sweep import sweep
+from ..sweep.driver import sweep
 
 log = logging.getLogger("drums.recovery")
 

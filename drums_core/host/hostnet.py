@@ -232,7 +232,7 @@ def parse_entry(key: str, data: dict) -> str:
 
 
 def sweep_release(ledger: Ledger, ifname: str, report, *, dry_run: bool) -> bool:
-    """Step 4b of :mod:`drums_core.sweep.sweep` for one entry of a dead run; True once it is released."""
+    """Step 4b of :mod:`drums_core.sweep.run` for one entry of a dead run; True once it is released."""
     if dry_run:
         rec = read_record(ifname) if record_path(ifname).exists() else None
         report.notes.append(f"would release forwarding on {ifname}"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..session import cgroups
-from . import procs
+from . import mounttable, ownedpaths, procs
 from ..config import X11_DIR, Instance, display_number, host_ifname, nft_table_name
 from .hostnet import held_records
 
@@ -32,7 +32,7 @@ def _proc_dict(p: procs.ProcInfo, why: str | None = None) -> dict:
 def _norm_dirs(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for run, dirs in (run_dirs or {}).items():
-        out[run] = sorted({procs.norm_path(os.fspath(d)) for d in dirs})
+        out[run] = sorted({ownedpaths.norm_path(os.fspath(d)) for d in dirs})
     return out
 
 
@@ -83,18 +83,18 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
             if tag.startswith(procs.TAG_PREFIX):
                 tagged.setdefault(tag[len(procs.TAG_PREFIX):], []).append(_proc_dict(p))
         if p.is_criu:
-            names = [a for arg in p.argv for a in procs.arg_paths(arg)] + procs.proc_paths(p.pid).all()
+            names = [a for arg in p.argv for a in ownedpaths.arg_paths(arg)] + procs.proc_paths(p.pid).all()
             d = _proc_dict(p)
-            d["runs"] = sorted(run for run, ds in dirs.items() if any(procs.within_any(n, ds) for n in names))
+            d["runs"] = sorted(run for run, ds in dirs.items() if any(ownedpaths.within_any(n, ds) for n in names))
             criu.append(d)
 
     try:
-        host_mounts = procs.read_mountinfo()
+        host_mounts = mounttable.read_mountinfo()
     except (OSError, ValueError) as exc:
         errors.append(f"mountinfo: {exc}")
         host_mounts = []
     mounts = {run: [{"mountpoint": m.mountpoint, "fstype": m.fstype, "source": m.source}
-                    for m in procs.mounts_within(host_mounts, ds)] for run, ds in dirs.items()}
+                    for m in mounttable.mounts_within(host_mounts, ds)] for run, ds in dirs.items()}
     criu_mounts = [{"mountpoint": m.mountpoint, "fstype": m.fstype, "source": m.source}
                    for m in host_mounts if m.mountpoint.startswith(CRIU_TMP_PREFIX)]
 
@@ -103,7 +103,7 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
     host_keys = {(m.dev, m.root, m.mountpoint) for m in host_mounts}
     host_groups = {g for m in host_mounts for g in m.shared_groups}
     holders: dict[str, list[dict]] = {}
-    seen_ns: dict[str, list[procs.MountInfo] | None] = {}
+    seen_ns: dict[str, list[mounttable.MountInfo] | None] = {}
     for p in table.values():
         if p.zombie:
             continue
@@ -112,14 +112,14 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
             continue
         if ns not in seen_ns:
             try:
-                seen_ns[ns] = procs.read_mountinfo(p.pid)
+                seen_ns[ns] = mounttable.read_mountinfo(p.pid)
             except (OSError, ValueError):
                 seen_ns[ns] = None
         ns_mounts = seen_ns[ns]
         if not ns_mounts:
             continue
         for run, ds in dirs.items():
-            if any(any(procs.within_any(ref, ds) for ref in m.referenced_paths())
+            if any(any(ownedpaths.within_any(ref, ds) for ref in m.referenced_paths())
                    and (m.mountpoint == "/" or ((m.dev, m.root, m.mountpoint) not in host_keys
                                                 and not m.peer_groups & host_groups))
                    for m in ns_mounts):
@@ -147,7 +147,7 @@ def snapshot_host_state(run_dirs: Mapping[str, Iterable[str | os.PathLike]] | No
             "cgroups": _cgroups(host_mounts, errors), "hostnet": held_records(), "errors": errors}
 
 
-def _cgroups(mounts: list[procs.MountInfo], errors: list[str]) -> dict[str, list[str]]:
+def _cgroups(mounts: list[mounttable.MountInfo], errors: list[str]) -> dict[str, list[str]]:
     try:
         return cgroups.list_run_groups(mounts)
     except OSError as exc:
@@ -179,7 +179,7 @@ def run_leaks(state: dict, run: str, *, links: Iterable[str] = (), nft_tables: I
 def ledger_claims(ledger_root: str | Path, run: str) -> dict:
     """Links, nft tables and X11 links a run's ledger names (read before a sweep, for :func:`run_leaks`)."""
     from ..sweep.ledger import Ledger
-    from ..sweep.sweep import parts_of
+    from ..sweep.parts import parts_of
 
     out: dict[str, list[str]] = {"links": [], "nft_tables": [], "x11_links": [], "paths": []}
     for e in Ledger(ledger_root, run).entries():
@@ -221,11 +221,11 @@ def instance_leaks(instance: Instance) -> dict[str, list]:
                  for tag in p.tags if tag.startswith("drums:") and run_re.fullmatch(tag[len("drums:"):])]
     errors: list[str] = []
     try:
-        table = procs.read_mountinfo()
+        table = mounttable.read_mountinfo()
     except (OSError, ValueError) as exc:
         errors.append(f"mountinfo: {exc}")
         table = []
-    mounts = [m.mountpoint for m in procs.mounts_within(table, [state_dir])]
+    mounts = [m.mountpoint for m in mounttable.mounts_within(table, [state_dir])]
     groups = sorted(p for run, paths in _cgroups(table, errors).items() if run_re.fullmatch(run) for p in paths)
     own_links = {host_ifname(s) for s in slots}
     links = sorted(n for n in os.listdir("/sys/class/net") if n in own_links)

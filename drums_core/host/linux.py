@@ -27,6 +27,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_MEMORY_MERGE = 67
 
@@ -51,7 +52,7 @@ def mount(source: str, target: str, fstype: str | None, flags: int = 0, data: st
 
 
 def umount(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(target.encode(), flags), f"umount {target}")
+    _check(_libc.umount2(os.fsencode(target), flags), f"umount {target}")
 
 
 def unshare(flags: int) -> None:
@@ -79,6 +80,15 @@ def rename_exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
     """Swap two paths atomically (renameat2 RENAME_EXCHANGE): at no instant does either name miss."""
     _check(_libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE),
            f"renameat2({a}, {b}, RENAME_EXCHANGE)")
+
+
+def syncfs(path: str | os.PathLike) -> None:
+    """Flush the filesystem that holds ``path`` (a directory) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _check(_libc.syncfs(fd), f"syncfs {path}")
+    finally:
+        os.close(fd)
 
 
 def prctl(option: int, arg2: int = 0) -> int:

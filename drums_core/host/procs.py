@@ -1,4 +1,4 @@
-"""Process, path and mount discovery over ``/proc``: what the ledger and the sweep decide ownership by.
+"""Process discovery over ``/proc`` and signalling by pidfd: what the ledger and the sweep decide ownership by.
 
 Ownership is decided by evidence that cannot collide by accident:
 
@@ -6,18 +6,15 @@ Ownership is decided by evidence that cannot collide by accident:
   ``--tag=drums:<run>``), never a substring of the command line;
 - a pid together with its start time (field 22 of ``/proc/<pid>/stat``), so a reused pid is
   never mistaken for the recorded process;
-- a path, compared by whole components: ``/x/run1`` is within ``/x/run1`` and ``/x/run1/a``,
-  never within ``/x/run10``.
+- a path, compared by whole components (:mod:`.ownedpaths`); mounts are read by :mod:`.mounttable`.
 
 A zombie counts as dead everywhere (on some hosts pid 1 never reaps, so a killed orphan stays a
 zombie forever). Every reader returns ``None`` or an empty value for a process that vanished
-while being read; only :func:`read_mountinfo` and :func:`parse_mountinfo` raise, because the
+while being read; only :func:`.mounttable.read_mountinfo` and :func:`.mounttable.parse_mountinfo` raise, because the
 sweep fails closed when the mount table cannot be read.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import select
@@ -26,107 +23,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .ownedpaths import clean_link_target
+
 PROC = "/proc"
 TAG_PREFIX = "drums:"
 ZOMBIE_STATES = frozenset("ZXx")
-
-# Paths no ledger may own: owning one of them would make every process or mount of the host
-# "the run's". check_owned_path refuses them and anything shallower than two components.
-DENIED_PATHS = frozenset({
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt",
-    "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
-    "/dev/shm", "/run/drums", "/run/user", "/run/lock", "/tmp/.X11-unix", "/tmp/.ICE-unix",
-    "/usr/bin", "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/var/lib", "/var/log",
-    "/var/tmp", "/var/run", "/opt/drums",
-})
-
-
-# ---------------------------------------------------------------------------------------------
-# paths
-
-
-def norm_path(path: str) -> str:
-    """Normalise an absolute path lexically (``//a/./b/`` -> ``/a/b``). Raises ValueError if relative."""
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        raise ValueError(f"not an absolute path: {path!r}")
-    out = os.path.normpath(path)
-    if out.startswith("//"):
-        out = "/" + out.lstrip("/")
-    return out
-
-
-def check_owned_path(path: str) -> str:
-    """Return ``path`` if a ledger may own it; raise ValueError otherwise.
-
-    It must be absolute, already normalised (no ``.``/``..``/``//`` components, no trailing
-    slash), at least two components deep and not one of :data:`DENIED_PATHS`.
-    """
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise ValueError(f"owned path must be absolute: {path!r}")
-    if "\0" in path or "\n" in path:
-        raise ValueError(f"owned path has a control character: {path!r}")
-    if norm_path(path) != path:
-        raise ValueError(f"owned path is not normalised: {path!r}")
-    if path in DENIED_PATHS or path.count("/") < 2:
-        raise ValueError(f"owned path is too broad: {path!r}")
-    return path
-
-
-def path_within(path: str, root: str) -> bool:
-    """True when ``path`` is ``root`` or below it, by whole components (``/x/run1`` never holds ``/x/run10``)."""
-    if not path or not root or not path.startswith("/") or not root.startswith("/"):
-        return False
-    path = norm_path(path)
-    root = norm_path(root)
-    if root == "/":
-        return True
-    return path == root or path.startswith(root + "/")
-
-
-def within_any(path: str | None, roots: Iterable[str]) -> str | None:
-    """The first of ``roots`` that holds ``path`` (see :func:`path_within`), or None."""
-    if not path:
-        return None
-    for root in roots:
-        if path_within(path, root):
-            return root
-    return None
-
-
-def clean_link_target(target: str | None) -> str | None:
-    """An absolute filesystem path from a ``/proc`` link target, or None (sockets, pipes, anon inodes).
-
-    Strips the kernel's `` (deleted)`` suffix: a deleted file under a run's directory still
-    names that directory.
-    """
-    if not target or not target.startswith("/"):
-        return None
-    if target.endswith(" (deleted)"):
-        target = target[: -len(" (deleted)")]
-    try:
-        return norm_path(target)
-    except ValueError:
-        return None
-
-
-def arg_paths(arg: str) -> list[str]:
-    """Absolute paths named by one command-line element (``/a``, ``--root=/a``, ``lowerdir=/a:/b``)."""
-    pieces = [arg]
-    for sep in ("=", ",", ":"):
-        pieces = [q for p in pieces for q in p.split(sep)]
-    return _abs_paths(pieces)
-
-
-def _abs_paths(pieces: Iterable[str]) -> list[str]:
-    """The absolute paths among ``pieces``, normalised (those :func:`norm_path` refuses are left out)."""
-    out: list[str] = []
-    for piece in pieces:
-        if piece.startswith("/"):
-            try:
-                out.append(norm_path(piece))
-            except ValueError:
-                continue
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,170 +295,6 @@ def find_tagged(tag: str, procs: dict[int, ProcInfo] | None = None) -> list[Proc
     """Live (non-zombie) processes whose argv carries ``tag`` as a whole ``--tag`` value."""
     procs = scan_processes() if procs is None else procs
     return [p for p in procs.values() if not p.zombie and has_tag(p.argv, tag)]
-
-
-# ---------------------------------------------------------------------------------------------
-# mountinfo
-
-
-def unescape_mountinfo(field_: str) -> str:
-    r"""Undo the kernel's octal escapes (``\040`` space, ``\011`` tab, ``\012`` newline, ``\134`` backslash)."""
-    if "\\" not in field_:
-        return field_
-    out = bytearray()
-    raw = field_.encode("utf-8", "surrogateescape")
-    i = 0
-    while i < len(raw):
-        digits = raw[i + 1:i + 4]
-        if raw[i] == 0x5C and len(digits) == 3 and all(0x30 <= c <= 0x37 for c in digits):
-            out.append(int(raw[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-@dataclass(frozen=True)
-class MountInfo:
-    mount_id: int
-    parent_id: int
-    dev: str
-    root: str
-    mountpoint: str
-    options: str
-    optional: tuple[str, ...]
-    fstype: str
-    source: str
-    superopts: str
-    deleted: bool = False
-
-    @property
-    def peer_groups(self) -> set[int]:
-        """Peer groups this mount shares with or receives from (``shared:N``, ``master:N``)."""
-        out: set[int] = set()
-        for tag in self.optional:
-            name, _, num = tag.partition(":")
-            if name in ("shared", "master") and num.isdigit():
-                out.add(int(num))
-        return out
-
-    @property
-    def shared_groups(self) -> set[int]:
-        out: set[int] = set()
-        for tag in self.optional:
-            name, _, num = tag.partition(":")
-            if name == "shared" and num.isdigit():
-                out.add(int(num))
-        return out
-
-    def referenced_paths(self) -> list[str]:
-        """Host paths this mount names: its mount point and an overlay's lower/upper/work dirs."""
-        out = [self.mountpoint]
-        if self.fstype == "overlay":
-            for opt in split_superopts(self.superopts):
-                name, _, value = opt.partition("=")
-                if name in ("lowerdir", "upperdir", "workdir", "datadir", "lowerdir+", "datadir+"):
-                    out.extend(_abs_paths(piece.replace("\\:", ":") for piece in value.split(":")))
-        return out
-
-    @property
-    def depth(self) -> int:
-        return 0 if self.mountpoint == "/" else self.mountpoint.count("/")
-
-
-def split_superopts(opts: str) -> list[str]:
-    """Split mount options on commas not escaped with a backslash (overlay escapes them)."""
-    out: list[str] = []
-    cur: list[str] = []
-    i = 0
-    while i < len(opts):
-        c = opts[i]
-        if c == "\\" and i + 1 < len(opts):
-            cur.append(opts[i:i + 2])
-            i += 2
-            continue
-        if c == ",":
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-        i += 1
-    out.append("".join(cur))
-    return [o for o in out if o]
-
-
-def parse_mountinfo(text: str) -> list[MountInfo]:
-    """Parse ``/proc/<pid>/mountinfo``. Raises ValueError on a malformed line (callers fail closed)."""
-    out: list[MountInfo] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-", 6)
-            mountpoint = unescape_mountinfo(fields[4])
-            deleted = False
-            if mountpoint.endswith("//deleted"):
-                mountpoint = mountpoint[: -len("//deleted")] or "/"
-                deleted = True
-            out.append(MountInfo(
-                mount_id=int(fields[0]), parent_id=int(fields[1]), dev=fields[2],
-                root=unescape_mountinfo(fields[3]), mountpoint=mountpoint, options=fields[5],
-                optional=tuple(fields[6:sep]), fstype=fields[sep + 1],
-                source=unescape_mountinfo(fields[sep + 2]),
-                superopts=unescape_mountinfo(fields[sep + 3]) if len(fields) > sep + 3 else "",
-                deleted=deleted,
-            ))
-        except (ValueError, IndexError) as exc:
-            raise ValueError(f"malformed mountinfo line {lineno}: {line!r}") from exc
-    return out
-
-
-def read_mountinfo(pid: int | str = "self") -> list[MountInfo]:
-    """The mount table of ``pid``'s mount namespace. Raises OSError/ValueError (fail closed)."""
-    with open(f"{PROC}/{pid}/mountinfo", "rb") as f:
-        raw = f.read()
-    mounts = parse_mountinfo(raw.decode("utf-8", "surrogateescape"))
-    if pid == "self" and not mounts:
-        raise ValueError("empty mount table")
-    return mounts
-
-
-def mount_key(path: str, mounts: Iterable[MountInfo] | None = None) -> list[str] | None:
-    """``[dev, root, mountpoint]`` of the top mount at ``path`` in this namespace, or None.
-
-    Record it on a ``mount`` entry (``mount_key=``) after mounting: a copy of that mount in a mount
-    namespace cloned meanwhile is then known as a copy (not a holder) even after the host unmounted it.
-    """
-    path = norm_path(path)
-    hits = [m for m in (read_mountinfo() if mounts is None else mounts) if m.mountpoint == path]
-    if not hits:
-        return None
-    parents = {m.parent_id for m in hits}
-    top = next((m for m in hits if m.mount_id not in parents), hits[-1])
-    return [top.dev, top.root, top.mountpoint]
-
-
-def mounts_within(mounts: Iterable[MountInfo], roots: Iterable[str]) -> list[MountInfo]:
-    """Mounts at or below any of ``roots`` (by component), deepest first (then newest first)."""
-    roots = list(roots)
-    hits = [m for m in mounts if within_any(m.mountpoint, roots)]
-    hits.sort(key=lambda m: (m.depth, m.mount_id), reverse=True)
-    return hits
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-MNT_DETACH = 2
-UMOUNT_NOFOLLOW = 8
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def umount_detach(path: str) -> None:
-    """``umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW)``; raises OSError with the errno."""
-    if _libc.umount2(os.fsencode(path), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
 # ---------------------------------------------------------------------------------------------

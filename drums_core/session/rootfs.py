@@ -89,17 +89,22 @@ def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Pat
     linux.mount("none", str(target), None, linux.MS_PRIVATE)
 
 
-def unmount_tree(target: Path) -> int:
-    """Unmount ``target`` and everything under it, deepest first. Returns how many were unmounted."""
+def mounts_under(target: Path) -> list[str]:
+    """Mount points (in this mount namespace) at ``target`` (its real path) or under it, by component."""
     real = os.path.realpath(target)
     mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            point = line.split()[4]
+            point = line.split()[4].replace("\\040", " ")
             if point == real or point.startswith(real + "/"):
                 mounts.append(point)
+    return mounts
+
+
+def unmount_tree(target: Path) -> int:
+    """Unmount ``target`` and everything under it, deepest first. Returns how many were unmounted."""
     count = 0
-    for point in sorted(mounts, key=len, reverse=True):
+    for point in sorted(mounts_under(target), key=len, reverse=True):
         try:
             linux.umount(point, linux.MNT_DETACH)
             count += 1

@@ -32,7 +32,8 @@ from .model import Liveness, Session, SessionSpec, State, init_start_time
 from .restoring import RestoreOps
 from ..sweep.ledger import Ledger
 from .nat import NatManager
-from ..host.procs import is_alive, mount_key
+from ..host.mounttable import mount_key
+from ..host.procs import is_alive
 from .processes import ProcessInfo, kill_tree_under, session_processes
 from ..store.snapshots import Snapshot, SnapshotStore
 from ..store.budget import BudgetConfig, StoreKeeper

@@ -1,6 +1,6 @@
-"""``python -m drums_core.sweep --ledger DIR``: the sweep (see :func:`drums_core.sweep.sweep.main`)."""
+"""``python -m drums_core.sweep --ledger DIR``: the sweep (see :func:`drums_core.sweep.cli.main`)."""
 import sys
 
-from .sweep import main
+from .cli import main
 
 sys.exit(main())

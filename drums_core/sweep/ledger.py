@@ -18,7 +18,7 @@ Contract (what the sweep relies on):
 - Keys are free strings (mount paths with ``/``, names with ``..``): file names encode them
   (urlsafe base64, or ``h`` + sha256 when long) and the key itself is stored inside the entry.
 
-Kinds and their data (what the sweep does with each; see :mod:`drums_core.sweep.sweep`):
+Kinds and their data (what the sweep does with each; see :mod:`drums_core.sweep.run`):
 
 ==========  ==================================================  =================================
 kind        key / data                                          swept as

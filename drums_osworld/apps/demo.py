@@ -236,7 +236,7 @@ class _Daemon:
     def stop(self) -> dict[str, Any]:
         if not self.started:
             return {"stopped": False}
-        from drums_core.sweep.sweep import sweep_instance
+        from drums_core.sweep import sweep_instance
 
         self.client.shutdown(destroy_sessions=True)
         unmounted = sweep_instance(self.instance)["unmounted"]

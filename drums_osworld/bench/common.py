@@ -224,7 +224,7 @@ class BenchInstance:
         self._sweep_and_unmount()
 
     def _sweep_and_unmount(self) -> dict:
-        from drums_core.sweep.sweep import sweep_instance
+        from drums_core.sweep import sweep_instance
 
         return sweep_instance(self.instance)["sweep"]
 

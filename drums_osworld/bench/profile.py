@@ -252,7 +252,7 @@ def run_profile(opts) -> dict:
                 sup.shutdown(destroy_sessions=True)
             # This supervisor runs in-process: its owner (us) is alive, so the instance's ordinary
             # sweep of dead runs would skip whatever a failed destroy left. Sweep our run explicitly.
-            from drums_core.sweep.sweep import sweep
+            from drums_core.sweep import sweep
 
             with contextlib.suppress(Exception):
                 sweep(inst.ledger_root, run=sup.run, only_dead=False)

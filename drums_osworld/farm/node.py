@@ -135,7 +135,7 @@ class NodeAgent:
     @_envelope
     def sweep(self) -> dict:
         """Sweep this node's dead daemon runs (what a dead daemon left: processes, mounts, links, tables)."""
-        from drums_core.sweep.sweep import sweep
+        from drums_core.sweep import sweep
 
         return sweep(self.instance.ledger_root).to_dict()
 

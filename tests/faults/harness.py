@@ -61,7 +61,7 @@ for _p in (str(REPO), str(REPO / "tests")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from drums_core.host import procs  # noqa: E402
+from drums_core.host import mounttable, ownedpaths, procs  # noqa: E402
 from drums_core.client import Client  # noqa: E402
 from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
 from drums_core.errors import DrumsError, Unavailable  # noqa: E402
@@ -156,7 +156,7 @@ TIMED_RE = re.compile(r"^(criu|criu-top)\+\d+ms$")
 
 def engine_windows() -> set[str]:
     """Every literal ``faults.hit("...")`` in the engine, plus the sweep's own windows."""
-    from drums_core.sweep.sweep import FAULT_WINDOWS
+    from drums_core.sweep.hostops import FAULT_WINDOWS
 
     found: set[str] = set(FAULT_WINDOWS)
     for path in (REPO / "drums_core").rglob("*.py"):
@@ -223,7 +223,7 @@ def _links() -> set[str]:
 
 
 def _nft_names() -> set[str]:
-    from drums_core.sweep.sweep import nft_tables
+    from drums_core.sweep.hostops import nft_tables
 
     return {name for _family, name in nft_tables()}
 
@@ -234,7 +234,7 @@ def _pidns(pid: int) -> str | None:
 
 def _harness_instance_of(path: str) -> str | None:
     """The harness instance whose state dir holds ``path`` (by component), or None."""
-    if not procs.path_within(path, str(STATE_ROOT)) or path == str(STATE_ROOT):
+    if not ownedpaths.path_within(path, str(STATE_ROOT)) or path == str(STATE_ROOT):
         return None
     first = Path(path).relative_to(STATE_ROOT).parts[0]
     return first if INSTANCE_RE.match(first) else None
@@ -265,7 +265,7 @@ def harness_footprint(slot_lo: int, slot_hi: int, exclude_pids: set[int] = froze
         if p.is_criu and any(_harness_instance_of(n) for n in procs.proc_paths(p.pid).all()):
             out.append(f"criu {p.describe()} names a harness instance")
     try:
-        mounts = procs.read_mountinfo()
+        mounts = mounttable.read_mountinfo()
     except (OSError, ValueError) as exc:
         return out + [f"mountinfo unreadable: {exc}"]
     for m in mounts:
@@ -293,7 +293,7 @@ def instance_footprint(inst: Instance, exclude_pids: set[int] = frozenset()) -> 
         if not p.zombie and p.pid not in exclude_pids and any(t.startswith(prefix) for t in p.tags):
             out["processes"].append([p.pid, p.starttime, p.describe()])
     with contextlib.suppress(OSError, ValueError):
-        out["mounts"] = [m.mountpoint for m in procs.mounts_within(procs.read_mountinfo(), [str(inst.state_dir)])]
+        out["mounts"] = [m.mountpoint for m in mounttable.mounts_within(mounttable.read_mountinfo(), [str(inst.state_dir)])]
     out["links"] = sorted(_links() & {f"dvh{s}" for s in slots})
     table_prefix = "drums_" + inst.name.replace("-", "_") + "_"
     with contextlib.suppress(OSError):
@@ -313,7 +313,7 @@ def force_clean(inst: Instance, exclude_pids: set[int] = frozenset()) -> dict[st
         _wait(lambda pid=pid, start=start: not procs.is_alive(pid, start), 5)
     for m in found["mounts"]:  # deepest first
         with contextlib.suppress(OSError):
-            procs.umount_detach(m)
+            mounttable.umount_detach(m)
     for name in found["links"]:
         _run(["ip", "link", "del", name])
     for name in found["nft"]:
@@ -367,7 +367,7 @@ class Decoys:
             elif self.tag not in procs.tags_of(procs.read_cmdline(self.proc.pid)):
                 out.append(f"decoy process {self.proc.pid} lost its tag")
         if self.mount is not None:
-            mounted = [m for m in procs.read_mountinfo() if m.mountpoint == str(self.mount)]
+            mounted = [m for m in mounttable.read_mountinfo() if m.mountpoint == str(self.mount)]
             if not mounted or mounted[-1].fstype != "tmpfs":
                 out.append(f"decoy tmpfs {self.mount} was unmounted")
             elif not (self.marker and self.marker.is_file() and self.marker.read_text() == "decoy"):
@@ -382,7 +382,7 @@ class Decoys:
                 self.proc.wait(timeout=10)
         if self.mount is not None:
             with contextlib.suppress(OSError):
-                procs.umount_detach(str(self.mount))
+                mounttable.umount_detach(str(self.mount))
             with contextlib.suppress(OSError):
                 self.mount.rmdir()
 
@@ -648,7 +648,7 @@ class WindowRun:
         decoy_mount = str(self.decoys.mount)
         self.host_points = {m["mountpoint"] for m in before["mounts"].get(run, [])} | {decoy_mount}
         mounts = [m["mountpoint"] for m in before["mounts"].get(run, []) if m["mountpoint"] != decoy_mount]
-        unrecorded = [m for m in mounts if not procs.within_any(m, claims["paths"])]
+        unrecorded = [m for m in mounts if not ownedpaths.within_any(m, claims["paths"])]
         exact = [m for m in mounts if m in mount_parts]
         self.criteria["O1"] = _criterion(not unrecorded and not before["errors"], {
             "mounts": len(mounts), "recorded_exactly": len(exact), "under_recorded_dir": len(mounts) - len(exact)
@@ -751,23 +751,23 @@ class WindowRun:
                 if ns_verdict[ns]:
                     add(p.pid, f"mount namespace {ns_verdict[ns]}: {p.describe()}")
                 continue
-            hit = next((n for n in procs.proc_paths(p.pid).all() if procs.within_any(n, self.run_dirs)), None)
+            hit = next((n for n in procs.proc_paths(p.pid).all() if ownedpaths.within_any(n, self.run_dirs)), None)
             if hit:
                 add(p.pid, f"names {hit}: {p.describe()}")
         return out
 
     def _holds_run_mounts(self, pid: int) -> str | None:
         try:
-            mounts = procs.read_mountinfo(pid)
+            mounts = mounttable.read_mountinfo(pid)
         except (OSError, ValueError):
             return None
         roots = [m for m in mounts if m.mountpoint == "/"]
-        if roots and any(procs.within_any(ref, self.run_dirs) for ref in roots[-1].referenced_paths()):
+        if roots and any(ownedpaths.within_any(ref, self.run_dirs) for ref in roots[-1].referenced_paths()):
             return f"rooted in the run's overlay ({roots[-1].superopts[:120]})"
         for m in mounts:
             if m.mountpoint == "/" or m.mountpoint in self.host_points:
                 continue
-            hit = next((ref for ref in m.referenced_paths() if procs.within_any(ref, self.run_dirs)), None)
+            hit = next((ref for ref in m.referenced_paths() if ownedpaths.within_any(ref, self.run_dirs)), None)
             if hit:
                 return f"holds {m.mountpoint} ({m.fstype}) naming {hit}"
         return None

@@ -24,7 +24,7 @@ import pytest
 
 from drums_core.session import cgroups
 
-from drums_core.host import procs
+from drums_core.host import mounttable, procs
 from drums_core.client import Client
 from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
@@ -74,7 +74,7 @@ def _snapshot_of_xterm(inst: Instance) -> tuple[str, str]:
 
 def _holdings(inst: Instance, sessions: list[dict]) -> dict:
     """What the live sessions hold on the host: process keys, mounts under their dirs, links, X11 links."""
-    mounts = procs.read_mountinfo()
+    mounts = mounttable.read_mountinfo()
     out = {"processes": set(), "mounts": set(), "links": set(), "x11links": set(), "cgroups": set()}
     for s in sessions:
         ns = procs.readlink(f"/proc/{s['init_pid']}/ns/pid")
@@ -82,7 +82,7 @@ def _holdings(inst: Instance, sessions: list[dict]) -> dict:
         for p in procs.scan_processes().values():
             if not p.zombie and procs.readlink(f"/proc/{p.pid}/ns/pid") == ns:
                 out["processes"].add(p.key)
-        out["mounts"] |= {m.mountpoint for m in procs.mounts_within(mounts, [s["dir"]])}
+        out["mounts"] |= {m.mountpoint for m in mounttable.mounts_within(mounts, [s["dir"]])}
         assert os.path.exists(f"/sys/class/net/{s['ifname']}")
         out["links"].add(s["ifname"])
         link = str(X11_DIR / f"X{s['display']}")
@@ -133,7 +133,7 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     assert counts["ledgers_removed"] == 1 and counts["survivors"] == 0 and counts["errors"] == 0
 
     assert [k for k in held["processes"] if procs.is_alive(*k)] == []
-    assert procs.mounts_within(procs.read_mountinfo(), sorted(held["mounts"])) == []
+    assert mounttable.mounts_within(mounttable.read_mountinfo(), sorted(held["mounts"])) == []
     assert held["links"] & _links() == set()
     assert [x for x in held["x11links"] if os.path.lexists(x)] == []
     assert [c for c in held["cgroups"] if os.path.exists(c)] == []
@@ -188,7 +188,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
         assert listed[sid]["state"] == "RUNNING"
     assert not procs.is_alive(*third_init), "the half-restored session survived the restart"
     assert not os.path.exists(third.data["dir"])
-    assert procs.mounts_within(procs.read_mountinfo(), [third.data["dir"]]) == []
+    assert mounttable.mounts_within(mounttable.read_mountinfo(), [third.data["dir"]]) == []
     assert third_link not in _links()
     assert not old.path.exists(), f"the dead run's ledger is left: {os.listdir(old.path)}"
     assert nft_table_name(info['run']) not in _nft_names()

@@ -27,7 +27,7 @@ def node_leftovers(instance) -> dict:
     nftables tables and X11 links of its slots; cgroups of its runs; the ledgers of its runs."""
     from drums_core.host.hoststate import instance_leaks
 
-    from drums_core.host import procs
+    from drums_core.host import mounttable, ownedpaths, procs
 
     rep = instance_leaks(instance)
     state = os.path.realpath(instance.state_dir)
@@ -40,10 +40,10 @@ def node_leftovers(instance) -> dict:
             continue
         if ns not in verdict:  # a session's namespace: its "/" is an overlay under the state directory
             try:
-                roots = [m for m in procs.read_mountinfo(pid) if m.mountpoint == "/"]
+                roots = [m for m in mounttable.read_mountinfo(pid) if m.mountpoint == "/"]
             except (OSError, ValueError):
                 continue
-            verdict[ns] = any(procs.within_any(ref, [state]) for m in roots for ref in m.referenced_paths()[1:])
+            verdict[ns] = any(ownedpaths.within_any(ref, [state]) for m in roots for ref in m.referenced_paths()[1:])
         if verdict[ns]:
             rooted.append((pid, p.describe()))
     runs = sorted(p.name for p in instance.ledger_root.iterdir()) if instance.ledger_root.exists() else []

@@ -20,10 +20,13 @@ CORE_TOP = {"__init__", "client", "cli", "cli_registry", "errors", "config", "re
 CORE_LAYERS = {
     "daemon": {"server", "recovery", "purge"},
     "session": {"supervisor", "restore_steps", "init", "launch", "enter", "containment", "cgroups", "rootfs",
-                "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat"},
+                "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat", "cgroup_fs",
+                "cgroup_kill", "cgroup_session", "cgroup_drivers"},
     "store": {"snapshots", "budget", "transfer"},
-    "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images"},
-    "sweep": {"sweep", "ledger"},
+    "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images", "image_spec", "image_store",
+             "image_hash", "image_recipe", "idshift", "ownedpaths", "mounttable"},
+    "sweep": {"ledger", "driver", "run", "step_processes", "step_mounts", "step_links", "step_dirs", "parts", "live",
+              "hostops", "report", "cli", "instance"},
 }
 OSWORLD_TOP = {"__init__", "actions", "progress", "tasks", "desktop", "setup_journal"}
 OSWORLD_LAYERS = {
@@ -110,9 +113,13 @@ def test_modules_run_with_python_m_are_there(module):
 def test_sweep_package_reexports_the_sweep():
     import drums_core.sweep as pkg
 
-    mod = sys.modules["drums_core.sweep.sweep"]
-    for name in ("sweep", "sweep_instance", "session_selector", "RunReport", "RunStatus", "SweepReport", "main"):
+    from drums_core.sweep import cli, driver, instance, report
+
+    homes = {"sweep": driver, "sweep_instance": instance, "session_selector": driver, "RunReport": report,
+             "RunStatus": report, "SweepReport": report, "main": cli}
+    for name, mod in homes.items():
         assert getattr(pkg, name) is getattr(mod, name), name
+    assert callable(pkg.sweep) and pkg.sweep.__module__ == "drums_core.sweep.driver"
 
 
 def _python(code: str, *, path: list[str], bare: bool = False) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 reading, the survivors rule, two-phase directory removal, and that a second sweep is a no-op."""
 from __future__ import annotations
 
-import importlib
 import contextlib
 import json
 import os
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from drums_core.host import procs
+from drums_core.host import linux, procs
 from drums_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from drums_core.sweep.ledger import OWNER, Ledger, LedgerCorrupt, decode_key, encode_key, entry_filename, write_atomic
-from drums_core.sweep.sweep import sweep
-sweep_mod = importlib.import_module("drums_core.sweep.sweep")  # the module (drums_core.sweep.sweep is the function)
+from drums_core.sweep import hostops, session_selector, sweep
+from drums_core.sweep.report import COUNTS
+from drums_core.sweep.step_dirs import RETIRE_KEY
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -33,7 +33,7 @@ def _run_id(label: str = "u") -> str:
 @pytest.fixture
 def kids():
     """Start children; this test is their subreaper, and every one is killed and reaped at the end."""
-    procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     started: list[subprocess.Popen] = []
 
     def start(argv, **kw):
@@ -57,7 +57,7 @@ def kids():
         if not procs.descendants(procs.scan_processes(), [os.getpid()]):
             break
         time.sleep(0.05)
-    procs._libc.prctl(procs.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
 
 
 def _wait_argv(pid: int, last: str, timeout: float = 5.0) -> None:
@@ -352,7 +352,7 @@ def test_survivor_keeps_its_entry_and_the_ledger(tmp_path, kids, monkeypatch):
     led.record("op", "restore/s1", phase="criu")
 
     # Simulate processes that cannot be reaped (e.g. stuck in D state): "killed" but still alive.
-    monkeypatch.setattr(sweep_mod, "kill_processes", lambda handles, timeout: list(handles))
+    monkeypatch.setattr(hostops, "kill_processes", lambda handles, timeout: list(handles))
     rep = sweep(root, kill_timeout=0.1)
     rr = rep.runs[0]
     assert rr.status == "survivors", rr
@@ -427,12 +427,12 @@ def test_dirs_retire_in_two_phases_and_leftovers_are_finished(tmp_path, kids, mo
     def killed(*a, **k):
         raise SystemExit("killed")
 
-    monkeypatch.setattr(sweep_mod.shutil, "rmtree", killed)
+    monkeypatch.setattr(shutil, "rmtree", killed)
     with pytest.raises(SystemExit):
         sweep(root)
     monkeypatch.undo()
     assert not sdir.exists()
-    retiring = led.get("dir", str(sdir)).data[sweep_mod.RETIRE_KEY]
+    retiring = led.get("dir", str(sdir)).data[RETIRE_KEY]
     assert os.path.isdir(retiring) and os.path.basename(retiring).startswith(".rm-s1-")
 
     # ... and the next one finishes both leftovers
@@ -561,7 +561,7 @@ def test_cli_json(tmp_path, kids):
     out = subprocess.run([sys.executable, "-m", "drums_core.sweep", "--ledger", str(root), "--json"],
                          capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     doc = json.loads(out.stdout)
-    assert out.returncode == 0 and all(doc[k] == 0 for k in sweep_mod.COUNTS)
+    assert out.returncode == 0 and all(doc[k] == 0 for k in COUNTS)
     with contextlib.suppress(OSError):
         shutil.rmtree(root)
 
@@ -593,7 +593,7 @@ def test_selective_sweep_of_one_session_spares_the_adopted_ones(tmp_path, kids):
     stray = _tagged(kids, run)  # tagged but in no selected entry: the tag alone must not doom it
 
     led.adopt()
-    rep = sweep(root, run=run, only_dead=False, select=sweep_mod.session_selector("s2"))
+    rep = sweep(root, run=run, only_dead=False, select=session_selector("s2"))
     rr = rep.runs[0]
     assert rr.status == "swept", rr
     assert rep.processes_killed == 1 and rep.dirs_removed == 1 and not rr.ledger_removed
@@ -601,4 +601,4 @@ def test_selective_sweep_of_one_session_spares_the_adopted_ones(tmp_path, kids):
     assert procs.is_alive(inits["s1"].pid) and dirs["s1"].is_dir() and procs.is_alive(stray.pid)
     assert {(e.kind, e.key) for e in led.entries()} == {("session", "s1"), ("process", "s1"), ("dir", str(dirs["s1"]))}
     with pytest.raises(InvalidArgument):
-        sweep(root, select=sweep_mod.session_selector("s1"))
+        sweep(root, select=session_selector("s1"))

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from drums_core.host import procs
+from drums_core.host import mounttable, ownedpaths, procs
 from drums_core.sweep.ledger import Entry
-from drums_core.sweep.sweep import Part, parts_of, snapshot_published
+from drums_core.sweep.parts import Part, parts_of, snapshot_published
 
 
 # ------------------------------------------------------------------ path components
@@ -31,15 +31,15 @@ from drums_core.sweep.sweep import Part, parts_of, snapshot_published
     ("", "/x/run1", False),
 ])
 def test_path_within_by_components(path, root, expected):
-    assert procs.path_within(path, root) is expected
+    assert ownedpaths.path_within(path, root) is expected
 
 
 def test_within_any_picks_the_holding_root_only():
     roots = ["/s/sessions/run1", "/s/staging/abc"]
-    assert procs.within_any("/s/sessions/run1/root/tmp", roots) == "/s/sessions/run1"
-    assert procs.within_any("/s/sessions/run10/root", roots) is None
-    assert procs.within_any("/s/staging/abcd", roots) is None
-    assert procs.within_any(None, roots) is None
+    assert ownedpaths.within_any("/s/sessions/run1/root/tmp", roots) == "/s/sessions/run1"
+    assert ownedpaths.within_any("/s/sessions/run10/root", roots) is None
+    assert ownedpaths.within_any("/s/staging/abcd", roots) is None
+    assert ownedpaths.within_any(None, roots) is None
 
 
 @pytest.mark.parametrize("arg,expected", [
@@ -53,32 +53,32 @@ def test_within_any_picks_the_holding_root_only():
     ("drums:run1", []),
 ])
 def test_arg_paths(arg, expected):
-    assert procs.arg_paths(arg) == expected
+    assert ownedpaths.arg_paths(arg) == expected
 
 
 def test_criu_swrk_cmdline_names_no_path():
     argv = ["/opt/drums/criu/usr/sbin/criu", "swrk", "3"]
-    assert [p for a in argv[1:] for p in procs.arg_paths(a)] == []
+    assert [p for a in argv[1:] for p in ownedpaths.arg_paths(a)] == []
 
 
 @pytest.mark.parametrize("bad", ["/", "/tmp", "/run", "/run/drums", "/var/tmp", "/tmp/.X11-unix", "/x",
                                  "relative/dir", "/x/../etc", "/x/./y", "/x//y", "/x/y/", "", "/x/y\0z"])
 def test_check_owned_path_refuses_broad_or_unnormalised(bad):
     with pytest.raises(ValueError):
-        procs.check_owned_path(bad)
+        ownedpaths.check_owned_path(bad)
 
 
 @pytest.mark.parametrize("good", ["/run/drums/default/sessions/abc", "/tmp/.criu.mntns.Ab12", "/x/run1",
                                   "/tmp/.X11-unix/X103", "/run/drums/default"])
 def test_check_owned_path_accepts(good):
-    assert procs.check_owned_path(good) == good
+    assert ownedpaths.check_owned_path(good) == good
 
 
 def test_clean_link_target():
-    assert procs.clean_link_target("/x/run1/log (deleted)") == "/x/run1/log"
-    assert procs.clean_link_target("socket:[1234]") is None
-    assert procs.clean_link_target("anon_inode:[eventfd]") is None
-    assert procs.clean_link_target(None) is None
+    assert ownedpaths.clean_link_target("/x/run1/log (deleted)") == "/x/run1/log"
+    assert ownedpaths.clean_link_target("socket:[1234]") is None
+    assert ownedpaths.clean_link_target("anon_inode:[eventfd]") is None
+    assert ownedpaths.clean_link_target(None) is None
 
 
 # ------------------------------------------------------------------ tags
@@ -185,7 +185,7 @@ MOUNTINFO = f"""\
 
 
 def test_parse_mountinfo_fields_and_escapes():
-    ms = procs.parse_mountinfo(MOUNTINFO)
+    ms = mounttable.parse_mountinfo(MOUNTINFO)
     by_id = {m.mount_id: m for m in ms}
     assert by_id[103].mountpoint == "/x/run1/with space"
     assert by_id[104].mountpoint == "/x/run1/gone" and by_id[104].deleted
@@ -196,8 +196,8 @@ def test_parse_mountinfo_fields_and_escapes():
 
 
 def test_mounts_within_deepest_first_and_no_prefix_collision():
-    ms = procs.parse_mountinfo(MOUNTINFO)
-    hits = procs.mounts_within(ms, ["/x/run1"])
+    ms = mounttable.parse_mountinfo(MOUNTINFO)
+    hits = mounttable.mounts_within(ms, ["/x/run1"])
     assert [m.mount_id for m in hits][-1] == 100
     assert {m.mount_id for m in hits} == {100, 101, 103, 104}
     assert 102 not in {m.mount_id for m in hits}
@@ -207,16 +207,16 @@ def test_mounts_within_deepest_first_and_no_prefix_collision():
 
 def test_parse_mountinfo_rejects_garbage():
     with pytest.raises(ValueError):
-        procs.parse_mountinfo("this is not mountinfo\n")
+        mounttable.parse_mountinfo("this is not mountinfo\n")
 
 
 def test_read_own_mountinfo():
-    ms = procs.read_mountinfo()
+    ms = mounttable.read_mountinfo()
     assert any(m.mountpoint == "/" for m in ms)
 
 
 def test_split_superopts_respects_escapes():
-    assert procs.split_superopts(r"rw,lowerdir=/a\,b:/c,upperdir=/u") == ["rw", r"lowerdir=/a\,b:/c", "upperdir=/u"]
+    assert mounttable.split_superopts(r"rw,lowerdir=/a\,b:/c,upperdir=/u") == ["rw", r"lowerdir=/a\,b:/c", "upperdir=/u"]
 
 
 # ------------------------------------------------------------------ what entries hold

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 
 from drums_core.session.model import Liveness, Session, SessionSpec, State
-from drums_core.sweep.sweep import RunReport, RunStatus
+from drums_core.sweep import RunReport, RunStatus
 
 
 def test_run_report_status_is_an_enum_serialised_as_before():
