@@ -4,8 +4,9 @@ One in-process :class:`~drums_core.session.supervisor.Supervisor` (the ``profile
 one Writer desktop after its task's setup, one post-setup snapshot; then, side by side:
 
 - **restore, eager vs lazy pages**, rounds interleaved (arms take turns going first): the restore
-  call to agent-ready, and the CPU the restore cost (CRIU and the restored tasks run in the session's
-  cgroup from the start, so its CPU counter after the call is what the restore burnt). The lazy arm
+  call to agent-ready, and the CPU the restore cost: CRIU's own (with its helpers, from this
+  process's reaped-children counters) plus the restored tasks' (their counters start at zero on
+  restore, and the restorer fills their memory in their own context). The lazy arm
   restores with ``lazy_pages`` and a ``criu lazy-pages`` server over the same images: the call
   returns before the memory has arrived. Under the containment of a session (its tasks live in a
   user namespace without ``CAP_SYS_PTRACE`` over the host) the restorer may only open a userfaultfd
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -105,17 +107,24 @@ def _tail(path: Path, n: int = 400) -> str:
         return "(no log)"
 
 
-def _cpu_seconds(session) -> float | None:
-    """CPU the session's cgroup has used (cgroup v1 ``cpuacct.usage`` or v2 ``cpu.stat``)."""
-    cg = getattr(session, "cgroup", None)
-    for path in (cg.paths if cg else []):
-        with contextlib.suppress(OSError):
-            return int(Path(path, "cpuacct.usage").read_text()) / 1e9
-        with contextlib.suppress(OSError):
-            for line in Path(path, "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    return int(line.split()[1]) / 1e6
-    return None
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _tasks_cpu(init_pid: int) -> float:
+    """CPU seconds the session's processes have used since they were (re)born: a restored task
+    starts with zero counters, so right after a restore this is the restore's work done in the tasks
+    (the restorer maps and fills their memory)."""
+    from drums_core.session.processes import session_processes
+
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in session_processes(init_pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tck
 
 
 def _first_error(exc: BaseException) -> str:
@@ -163,6 +172,7 @@ def run_floor(opts) -> dict:
                     if arm in refused:
                         continue
                     lazy.active = arm == "lazy"
+                    cpu0 = _children_cpu()
                     t0 = time.perf_counter()
                     try:
                         [r] = sup.restore(snap.id)
@@ -174,12 +184,14 @@ def run_floor(opts) -> dict:
                         continue
                     finally:
                         lazy.active = False
-                    row = {"call": time.perf_counter() - t0, "cpu_at_return": _cpu_seconds(r),
+                    call = time.perf_counter() - t0
+                    criu_cpu = _children_cpu() - cpu0  # CRIU and the helpers it ran, reaped by now
+                    row = {"call": call, "criu_cpu": criu_cpu, "cpu_at_return": criu_cpu + _tasks_cpu(r.init_pid),
                            "steps": dict(r.timings.get("steps", {}))}
                     if arm == "lazy":
                         row["all_pages_in"] = lazy.wait_last()
                     common.ready_state(r.display)  # one action: a screenshot
-                    row["cpu_after_action"] = _cpu_seconds(r)
+                    row["cpu_after_action"] = criu_cpu + _tasks_cpu(r.init_pid)
                     row["pss_mib"] = sup.memory(r.id)["pss_kib"] / 1024
                     live = sup.wait_live(r.id, timeout=30)
                     row["liveness"] = str(live.liveness)
