@@ -170,6 +170,27 @@ def test_profile(out, capsys):
     assert_clean(res)
 
 
+def test_floor(out, capsys):
+    res = run_quick("floor", out, capsys)
+    eager = res["rows"]["eager"]
+    assert len(eager) == 2 and all(r["liveness"] == "ok" for r in eager), eager
+    for row in eager:
+        assert 0 < row["steps"]["criu"] < row["call"], row
+        assert 0 < row["criu_cpu"] < row["cpu_at_return"] <= row["cpu_after_action"], row
+        assert row["pss_mib"] > 50
+    if res["host"]["unprivileged_userfaultfd"]:
+        assert [r["liveness"] for r in res["rows"]["lazy"]] == ["ok", "ok"]
+        assert all(r["all_pages_in"] > 0 for r in res["rows"]["lazy"])
+    else:  # the containment's user namespace keeps the restorer from opening a userfaultfd
+        assert res["rows"]["lazy"] == [] and "userfaultfd" in res["refused"]["lazy"]
+    assert res["failures"] == []
+    split = res["criu_dump_split_ms"]
+    assert split["tasks"] >= 5 and 0 < split["floor without pages"] < split["end"]
+    assert res["checkpoint_leave_running_s"]["n"] == 2 and res["criu_dump_s"]["n"] == 2
+    assert res["criu_restore_timeline_ms"]["end"] > 0
+    assert_clean(res)
+
+
 def test_osworld(out, capsys, monkeypatch):
     from osworld_harness import ensure_osworld_venv, stub_dir
 
