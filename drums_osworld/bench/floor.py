@@ -305,9 +305,9 @@ def _report(opts, host, instance, n, rows, refused, failures, timeline, dump_cal
             "CRIU restore timeline ms (level 4)": {k: v for k, v in timeline.items() if k != "helper commands"},
             "checkpoint(leave_running) call p50 ms": _ms(summary(dump_calls)["p50"]),
             "criu dump p50 ms": _ms(summary(dump_criu)["p50"]),
+            "dump without pages, level 4, ms (before the first task + tasks' fixed parts + namespaces)":
+                dump_split.get("floor without pages"),
             "dump share without pages (level 4)": share,
-            "dump floor estimate ms (criu dump p50 x share)": None if share is None or not dump_criu
-            else round(summary(dump_criu)["p50"] * share * 1e3, 1),
             "restores failed": len(failures),
             "leaked resources after": cleanup.get("leaked"),
         },

@@ -34,7 +34,9 @@ running); ``env.unwrapped.branch(name, n)`` restores ``n`` sibling desktops of t
 and returns ``n`` new, independent :class:`DrumsDesktopEnv` whose episodes continue from the saved
 step (no ``reset()`` needed; they are not wrapped). :meth:`DrumsDesktopEnv.branch_from` does the
 same from a state saved elsewhere (any snapshot name or id, e.g. one saved by another process with
-``keep=True``).
+``keep=True``). With ``record_steps=True`` every step is checkpointed as it happens and
+``env.unwrapped.branch(step=k, n=N)`` restores ``N`` siblings of the desktop as it was after step
+``k`` (:mod:`.branching`).
 
 Ownership (:mod:`.states`): an env owns its desktop; an env and the envs branched from it (transitively) share the
 states they saved, and the last of them to close deletes those snapshots (except ``keep=True``
@@ -71,6 +73,7 @@ from .. import actions
 from ..actions import fix_pyautogui_less_than
 from . import desktops, task_setup
 from .spaces import A11Y_MAX, INSTRUCTION_MAX, UnicodeText, action_space, observation_space, screenshot_array
+from .branching import Branching
 from .states import Family, SavedState, copy_dir, task_key
 
 # drums_core.client, drums_osworld.desktop/.evaluation/.tasks and Pillow are imported where they are
@@ -106,7 +109,7 @@ def register_envs() -> None:
 
 
 # --------------------------------------------------------------------------- the env
-class DrumsDesktopEnv(gymnasium.Env, EzPickle):
+class DrumsDesktopEnv(Branching, gymnasium.Env, EzPickle):
     """One OSWorld task on one Drums desktop; see the module docstring.
 
     Args:
@@ -135,6 +138,10 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             out), ``"nat:<upstream>[:<dns>,...]"`` or a dict like ``{"policy": "nat", "upstream":
             "eth1", "dns": [...]}``. Default: ``$DRUMS_NETWORK``, else ``none``. Bad input raises
             :class:`~drums_core.errors.InvalidArgument` (``BAD_NETWORK``) here.
+        record_steps: checkpoint the desktop after ``reset`` and after every step that does not end
+            the episode (it goes on running; ``info["checkpoint"]`` says which snapshot and how long
+            it took), so that ``branch(step=k, n=N)`` restores ``N`` siblings of step ``k``
+            (:mod:`.branching`).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 1}
@@ -145,12 +152,12 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
                  client: Client | None = None, instance: str | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, a11y_max_length: int = A11Y_MAX,
                  render_mode: str | None = None, strict_setup: bool | None = None,
-                 network: str | Mapping[str, Any] | None = None) -> None:
+                 network: str | Mapping[str, Any] | None = None, record_steps: bool = False) -> None:
         EzPickle.__init__(self, task=task, reuse=reuse, screen_size=screen_size,
                           require_a11y_tree=require_a11y_tree, max_steps=max_steps, pause=pause,
                           client=client, instance=instance, cache_dir=cache_dir,
                           a11y_max_length=a11y_max_length, render_mode=render_mode, strict_setup=strict_setup,
-                          network=network)
+                          network=network, record_steps=record_steps)
         from ..provider.images import network_key
 
         self.network = network_key(dict(network) if isinstance(network, Mapping) else network)
@@ -194,6 +201,8 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._workdir: Path | None = None
         self._step_no = 0
         self._history: list[Any] = []
+        self.record_steps = bool(record_steps)
+        self._trajectory: dict[int, SavedState] = {}
         self._episode_over = False
         self._dirty = False
         self._last_png: bytes | None = None
@@ -261,13 +270,17 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         else:
             unsaved = self._reset_by_setup(task, timings)
             source = "setup"
+        self._end_trajectory()  # the last episode's desktop is gone: nothing of ours stands on its steps
         self._step_no = 0
         self._history = []
         self._episode_over = False
         self._last_score = None
         obs = self.observe()
+        checkpoint = self._record(0)
         timings["total"] = time.monotonic() - t0
         info = {"task_id": task.id, "session": self._desktop.id, "source": source, "seconds": timings}
+        if checkpoint is not None:
+            info["checkpoint"] = checkpoint
         if unsaved is not None:
             info["post_setup_unsaved"] = unsaved
         report = self.setup_report
@@ -364,6 +377,11 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         obs = self.observe()
         seconds["observe"] = time.monotonic() - t
         reward = 0.0
+        if not (terminated or truncated):
+            checkpoint = self._record(self._step_no)
+            if checkpoint is not None:
+                info["checkpoint"] = checkpoint
+                seconds["checkpoint"] = checkpoint["seconds"]
         if terminated or truncated:
             self._episode_over = True
             report = self.setup_report
@@ -395,6 +413,7 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
         self._closed = True
         try:
             self._drop_desktop()
+            self._end_trajectory()
         finally:
             if self._workdir is not None:
                 shutil.rmtree(self._workdir, ignore_errors=True)
@@ -441,53 +460,6 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
             self._dirty = True
         self._last_score = score
         return score
-
-    # ------------------------------------------------------------------ branching
-    def save_state(self, name: str, *, keep: bool = False) -> dict[str, Any]:
-        """Checkpoint the desktop as ``name`` (it keeps running) for :meth:`branch`.
-
-        With ``keep=True`` the snapshot outlives this env (and its branches): restore it from
-        anywhere by name (``drums rollouts --from-state NAME``, :meth:`branch_from`) and delete
-        it with ``drums delete-snapshot``. Returns ``{"name", "snapshot", "step", "seconds"}``.
-        """
-        self._check_open()
-        check_name(name, "state name")
-        if self._desktop is None:
-            raise ResetNeeded("call reset() before save_state()")
-        state = self._save(name, keep=keep)
-        return {"name": name, "snapshot": state.snapshot, "step": state.step, "seconds": state.seconds}
-
-    def branch(self, name: str, n: int, *, wait_live: bool = False) -> list[DrumsDesktopEnv]:
-        """``n`` new envs on sibling desktops restored at once from state ``name``, mid-episode.
-
-        ``name`` is a state saved in this env's family (it and its branches), or else any snapshot
-        name or id (then the episode restarts its step count at 0 with this env's task). The new
-        envs are independent: each owns its desktop, and ``close()`` each of them. With
-        ``wait_live`` the restore also waits for the daemon's liveness verdict.
-        """
-        self._check_open()
-        family = self._ensure_family()
-        state = family.by_name.get(name)
-        if state is None:
-            if self._task is None:
-                raise ValueError(f"no state {name!r} in this env's family and no task to restore it with")
-            state = SavedState(snapshot=name, name=name, task=self._task, step=0, history=[], cache=None,
-                           parent=None, owned=False)
-        return self._branch(state, n, wait_live=wait_live)
-
-    @classmethod
-    def branch_from(cls, state: str, n: int, *, task: Any, wait_live: bool = False,
-                    **kwargs: Any) -> list[DrumsDesktopEnv]:
-        """``n`` envs restored from a snapshot saved elsewhere (name or id), running ``task``.
-
-        ``kwargs`` are the constructor's. The snapshot is not this process's: it is never deleted
-        here. Each env restarts its step count at 0.
-        """
-        base = cls(task=task, **kwargs)
-        try:
-            return base.branch(state, n, wait_live=wait_live)
-        finally:
-            base.close()
 
     # ------------------------------------------------------------------ internals
     def _check_open(self) -> None:
@@ -546,48 +518,6 @@ class DrumsDesktopEnv(gymnasium.Env, EzPickle):
                 desktop.close()
             except NotFound:
                 pass
-
-    def _save(self, name: str | None, keep: bool = False) -> SavedState:
-        assert self._desktop is not None and self._task is not None
-        family = self._ensure_family()
-        state = family.save(self._desktop, name, task=self._task, step=self._step_no, history=self._history,
-                            cache=self._task_cache(), parent=self._origin, keep=keep,
-                            episode_over=self._episode_over)
-        self._origin = state
-        return state
-
-    def _branch(self, state: SavedState, n: int, wait_live: bool = False) -> list[DrumsDesktopEnv]:
-        if not isinstance(n, int) or n < 1:
-            raise ValueError("n must be a positive number of branches")
-        family = self._ensure_family()
-        t = time.monotonic()
-        restored = desktops.restore(self.client, state.snapshot, n, wait_live)
-        seconds = time.monotonic() - t
-        envs: list[DrumsDesktopEnv] = []
-        try:
-            for desktop in restored:
-                kwargs = dict(self._ezpickle_kwargs)
-                kwargs.update(task=state.task, client=self.client, screen_size=desktop.screen)
-                env = type(self)(**kwargs)
-                env.spec = self.spec
-                env._family = family
-                env._workdir = family.join()
-                env._task = state.task
-                env._adopt(desktop, state)
-                env._step_no = state.step
-                env._history = copy.deepcopy(state.history)
-                env._episode_over = state.episode_over
-                env._dirty = True
-                env.restore_info = {"state": state.name, "snapshot": state.snapshot, "siblings": n,
-                                    "seconds": seconds, "session_timings": dict(desktop.session.get("timings", {}))}
-                envs.append(env)
-        except BaseException:
-            for env in envs:
-                env.close()
-            for desktop in restored[len(envs):]:
-                desktops.destroy_quietly(self.client, desktop.id)
-            raise
-        return envs
 
     def __repr__(self) -> str:
         task = self._task.id if self._task is not None else None

@@ -94,6 +94,16 @@ class Family:
             if state.name is not None:
                 self.by_name[state.name] = state
 
+    def forget(self, state: SavedState) -> None:
+        """``state``'s snapshot was deleted: it is no longer the family's to delete."""
+        with self.lock:
+            if state in self.states:
+                self.states.remove(state)
+            if state.name is not None and self.by_name.get(state.name) is state:
+                del self.by_name[state.name]
+        if state.cache is not None:
+            shutil.rmtree(state.cache, ignore_errors=True)
+
     def save(self, desktop: Desktop, name: str | None, *, task: Task, step: int, history: list[Any],
              cache: Path, parent: SavedState | None, keep: bool, episode_over: bool) -> SavedState:
         """Checkpoint ``desktop`` (it goes on running) as a state of this family, with a copy of the
