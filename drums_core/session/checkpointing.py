@@ -17,9 +17,8 @@ from ..config import ID_BASE, check_name
 from ..errors import Busy, DrumsError, FailedPrecondition, Internal, NotFound, Unavailable
 from ..host import procs
 from ..host.procs import boot_id, is_alive
-from ..store.snapshots import Snapshot
+from ..store.snapshots import Snapshot, copy_layer
 from .model import Session, State
-from .restoring import GoingOn, RestoreAsk
 
 log = logging.getLogger("drums.supervisor")
 
@@ -59,6 +58,18 @@ def wait_init_dead(s: Session, timeout: float) -> None:
             procs.wait_dead([handle], timeout)
         finally:
             handle.close()
+
+
+def _window_titles(s: Session) -> list[str]:
+    """The titles of the session's mapped windows (a readiness hint for its restores; [] if unknown)."""
+    try:
+        d = display.connect(s.display)
+        try:
+            return [w.title for w in display.windows(d) if w.mapped and w.title]
+        finally:
+            d.close()
+    except Exception:  # noqa: BLE001 - window titles are a readiness hint only
+        return []
 
 
 class CheckpointOps:
@@ -163,7 +174,12 @@ class CheckpointOps:
 
     def _checkpoint_locked(self, s: Session, snap_id: str, name: str | None, params: dict,
                            leave_running: bool) -> Snapshot:
-        """stage (dump, move images, freeze the upper) -> publish (rename) -> commit (record)."""
+        """stage (dump, move images, freeze the upper) -> publish (rename) -> commit (record).
+
+        Without ``leave_running`` CRIU ends the tasks and the session's upper becomes the snapshot's
+        layer. With it the desktop never stops: CRIU leaves the tasks running, and at its post-dump
+        point (images written, tasks still frozen) the upper is copied into the snapshot's layer, so
+        files and memory are of the same instant; the session goes on on its own upper and layers."""
         t0 = time.monotonic()
         self._check_store_room(s, snap_id)
         self._set_state(s, State.CHECKPOINTING)
@@ -174,70 +190,91 @@ class CheckpointOps:
         faults.hit("checkpoint-before-staging")
         (staging / "dump").mkdir(parents=True, exist_ok=True)
         procs = self._process_ages(s)
-        try:
-            d = display.connect(s.display)
+        titles = _window_titles(s)
+        policy = s.spec.network_policy()
+        with self.nat.pinned(policy if leave_running else netpolicy.NetworkPolicy()):
+            if leave_running and policy.nat:
+                self.nat.detach(s.id, s.ifname, s.address, policy)  # they come back with the link
+            # The veth leaves before the dump: CRIU cannot re-create a veth from inside a user namespace
+            # (EOPNOTSUPP), and every restore gets a fresh pair anyway.
+            netns.delete_link(s.ifname)
+            netns.wait_link_gone(s.ifname)
+            post_dump = (lambda: self._copy_upper(s, staging)) if leave_running else None
             try:
-                titles = [w.title for w in display.windows(d) if w.mapped and w.title]
-            finally:
-                d.close()
-        except Exception:  # noqa: BLE001 - window titles are a readiness hint only
-            titles = []
-        # The veth leaves before the dump: CRIU cannot re-create a veth from inside a user namespace
-        # (EOPNOTSUPP), and every restore gets a fresh pair anyway.
-        netns.delete_link(s.ifname)
-        netns.wait_link_gone(s.ifname)
-        try:
-            res = criu.dump(s.init_pid, staging / "dump", staging)
-        except Unavailable as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            self.ledger.forget("snapshot", snap_id)
-            self.ledger.forget("op", f"checkpoint/{snap_id}")
-            log.warning("checkpoint %s of %s failed: %s", snap_id, s.id, exc)
-            if is_alive(s.init_pid, s.init_start):
+                res = criu.dump(s.init_pid, staging / "dump", staging, leave_running=leave_running,
+                                post_dump=post_dump)
+            except Unavailable as exc:
+                err = self._dump_failed(s, snap_id, staging, exc)
+                if err is exc:
+                    raise
+                raise err from exc
+            with self._lock:
+                self.counters["dumps"] += 1
+            layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
+            snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
+                            layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
+                            params=params, processes=procs, windows=titles, spec=asdict(s.spec),
+                            dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE,
+                            retention=params.get("retention", "pinned"))
+            # leave-running: the layer is in the staging directory already; finish() keeps the root
+            self.store.mark_dumped(snap, upper=str(Path(s.dir) / "rw/upper"), root=s.root)
+            faults.hit("checkpoint-after-dump")
+            rewired: Exception | None = None
+            if leave_running:
                 try:
                     faults.fail("checkpoint-rewire")
                     self._wire_network(s, create=True)
-                except Exception as wire:  # noqa: BLE001 - the session cannot be used without its link
-                    self._mark_broken(s, f"checkpoint failed ({exc.message}) and its network could not be "
-                                         f"put back: {wire}")
-                    raise Internal(f"checkpoint of {s.id} failed and its network could not be put back: "
-                                   f"{exc.message}; {wire}", reason="CHECKPOINT_FAILED",
-                                   detail={"dump": exc.detail, "network": str(wire)}) from exc
+                except Exception as wire:  # noqa: BLE001 - the snapshot is still committed below
+                    rewired = wire
+            else:
+                wait_init_dead(s, timeout=10)
+            snap = self.store.finish(snap_id)
+            self.ledger.forget("snapshot", snap_id)
+            if not leave_running:
+                self.ledger.forget("mount", s.root)
+            self.ledger.forget("op", f"checkpoint/{snap_id}")
+            faults.hit("checkpoint-committed")
+            log.info("checkpoint %s of %s: dump %.3fs, %d MiB%s", snap_id, s.id, res.seconds, snap.size >> 20,
+                     ", the desktop runs on" if leave_running else "")
+            if not leave_running:
+                self._teardown(s)
+            elif rewired is not None:
+                self._mark_broken(s, f"checkpoint {snap.id} is committed, but the session's network could not "
+                                     f"be put back: {rewired}")
+                raise Internal(f"checkpoint {snap.id} of {s.id} is committed, but the session's network could "
+                               f"not be put back: {rewired}", reason="CHECKPOINT_REWIRE_FAILED",
+                               detail={"snapshot": snap.id, "network": str(rewired)}) from rewired
+            else:
                 self._set_state(s, State.RUNNING)
-                raise
-            self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
-            raise Internal(f"checkpoint of {s.id} failed and the session is gone: {exc.message}",
-                           reason="CHECKPOINT_FAILED", detail=exc.detail) from exc
-        with self._lock:
-            self.counters["dumps"] += 1
-        layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
-        snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
-                        layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
-                        params=params, processes=procs, windows=titles, spec=asdict(s.spec),
-                        dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE,
-                        retention=params.get("retention", "pinned"))
-        self.store.mark_dumped(snap, upper=str(Path(s.dir) / "rw/upper"), root=s.root)
-        faults.hit("checkpoint-after-dump")
-        wait_init_dead(s, timeout=10)
-        snap = self.store.finish(snap_id)
-        self.ledger.forget("snapshot", snap_id)
-        self.ledger.forget("mount", s.root)
-        self.ledger.forget("op", f"checkpoint/{snap_id}")
-        faults.hit("checkpoint-committed")
-        log.info("checkpoint %s of %s: dump %.3fs, %d MiB", snap_id, s.id, res.seconds, snap.size >> 20)
-        old_slot = s.slot
-        with self._lock:
-            self._slots_in_use.add(old_slot)
-        with self.nat.pinned(s.spec.network_policy() if leave_running else netpolicy.NetworkPolicy()):
-            self._teardown(s)
-            if leave_running:
-                with self._lock:
-                    self._slots_in_use.add(old_slot)
-                try:
-                    new = self._restore_one(snap, RestoreAsk(), GoingOn(s.id, old_slot, s.hostname, s.machine_id))
-                except DrumsError as exc:  # the snapshot is committed: say which, the session is gone
-                    raise type(exc)(f"checkpoint {snap.id} of {s.id} is committed, but the session could not go "
-                                    f"on running from it: {exc.message}", reason=exc.reason,
-                                    detail={"snapshot": snap.id, "cause": exc.detail}) from exc
-                new.timings["checkpoint"] = time.monotonic() - t0
+                s.timings["checkpoint"] = time.monotonic() - t0
         return snap
+
+    def _copy_upper(self, s: Session, staging: Path) -> None:
+        """The session's writable layer as it is now (its tasks are frozen) into ``staging/layer``."""
+        faults.hit("checkpoint-mid-copy")
+        tmp = staging / "layer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        copy_layer(Path(s.dir) / "rw/upper", tmp)
+        os.rename(tmp, staging / "layer")
+
+    def _dump_failed(self, s: Session, snap_id: str, staging: Path, exc: Unavailable) -> DrumsError:
+        """A dump failed: nothing of the snapshot stays; a session still alive gets its link back."""
+        shutil.rmtree(staging, ignore_errors=True)
+        self.ledger.forget("snapshot", snap_id)
+        self.ledger.forget("op", f"checkpoint/{snap_id}")
+        log.warning("checkpoint %s of %s failed: %s", snap_id, s.id, exc)
+        if is_alive(s.init_pid, s.init_start):
+            try:
+                faults.fail("checkpoint-rewire")
+                self._wire_network(s, create=True)
+            except Exception as wire:  # noqa: BLE001 - the session cannot be used without its link
+                self._mark_broken(s, f"checkpoint failed ({exc.message}) and its network could not be "
+                                     f"put back: {wire}")
+                return Internal(f"checkpoint of {s.id} failed and its network could not be put back: "
+                                f"{exc.message}; {wire}", reason="CHECKPOINT_FAILED",
+                                detail={"dump": exc.detail, "network": str(wire)})
+            self._set_state(s, State.RUNNING)
+            return exc
+        self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
+        return Internal(f"checkpoint of {s.id} failed and the session is gone: {exc.message}",
+                        reason="CHECKPOINT_FAILED", detail=exc.detail)

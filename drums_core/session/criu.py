@@ -164,7 +164,53 @@ class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
         return self.sk
 
 
-def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None) -> CriuResult:
+def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
+    """A dump over ``criu swrk`` that answers CRIU's notifications: ``post_dump()`` runs at CRIU's
+    ``post-dump`` point, when every image is written and the tasks are still frozen (with
+    ``leave_running`` CRIU resumes them only after the answer). An exception from it answers
+    "failed": CRIU then fails the dump and resumes the tasks; the exception is raised here."""
+    req = rpc.criu_req()
+    req.type = rpc.DUMP
+    req.opts.MergeFrom(client.opts)
+    req.opts.notify_scripts = True
+    failure: BaseException | None = None
+    sk = client._comm.connect(False)
+    try:
+        sk.send(req.SerializeToString())
+        while True:
+            size = len(sk.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
+            if size == 0:
+                raise _pycriu_mod.CRIUExceptionInternal(rpc.DUMP, "criu swrk closed the connection")
+            resp = rpc.criu_resp()
+            resp.ParseFromString(sk.recv(size))
+            if resp.type != rpc.NOTIFY:
+                break
+            ok = True
+            if resp.notify.script == "post-dump" and failure is None:
+                try:
+                    post_dump()
+                except BaseException as exc:  # noqa: BLE001 - answered to CRIU, raised below
+                    failure, ok = exc, False
+            ack = rpc.criu_req()
+            ack.type = rpc.NOTIFY
+            ack.notify_success = ok
+            sk.send(ack.SerializeToString())
+    except OSError as exc:
+        raise _pycriu_mod.CRIUExceptionInternal(rpc.DUMP, str(exc)) from exc
+    finally:
+        client._comm.disconnect()
+    if isinstance(failure, Exception):
+        raise Unavailable(f"the checkpoint's post-dump step failed (the tasks run on): {failure}",
+                          reason="POST_DUMP_FAILED", detail={"error": str(failure)}) from failure
+    if failure is not None:
+        raise failure
+    if not resp.success:
+        raise _pycriu_mod.CRIUExceptionExternal(rpc.DUMP, resp.type, resp.cr_errno)
+    return resp.dump
+
+
+def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None,
+          post_dump=None) -> CriuResult:
     client = pycriu.criu()
     client.use_binary(str(CRIU_BIN))
     if cgroup_paths:
@@ -177,7 +223,12 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
     fired: list = []
     timer = _watchdog(client, timeout, fired)
     try:
-        resp = client.dump() if kind == "dump" else client.restore()
+        if kind == "restore":
+            resp = client.restore()
+        elif post_dump is not None:
+            resp = _dump_notified(client, post_dump)
+        else:
+            resp = client.dump()
     except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
         failure = exc
     finally:
@@ -227,13 +278,16 @@ def _transient(exc: Unavailable) -> bool:
 
 
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
-         timeout: float = 120.0) -> CriuResult:
-    """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above)."""
+         timeout: float = 120.0, post_dump=None) -> CriuResult:
+    """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above).
+
+    ``post_dump``: called once the images are written, while the tasks are still frozen (see
+    :func:`_dump_notified`); with ``leave_running`` they run on after it returns."""
     pause = DUMP_RETRY_PAUSE
     for attempt in range(1, DUMP_ATTEMPTS + 1):
         try:
             return _dump_once(pid, images_dir, work_dir, leave_running=leave_running, log_level=log_level,
-                              timeout=timeout)
+                              timeout=timeout, post_dump=post_dump)
         except Unavailable as exc:
             if attempt == DUMP_ATTEMPTS or not _transient(exc):
                 raise
@@ -248,7 +302,7 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
 
 
 def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, log_level: int,
-               timeout: float) -> CriuResult:
+               timeout: float, post_dump=None) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -258,7 +312,7 @@ def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: boo
         opts.tcp_established = True
         opts.irmap_scan_paths.extend(IRMAP_HINTS)
         opts.ghost_limit = GHOST_LIMIT
-        return _call("dump", opts, work_dir, timeout)
+        return _call("dump", opts, work_dir, timeout, post_dump=post_dump)
     finally:
         os.close(work_fd)
 

@@ -74,17 +74,6 @@ class RestoreAsk:
     min_nonblank: float = 0.0
 
 
-@dataclass(frozen=True)
-class GoingOn:
-    """A session going on from its own leave-running checkpoint: it keeps its id, slot, hostname and
-    machine id, and is not reseeded (it is the same desktop, not a sibling)."""
-
-    sid: str
-    slot: int
-    hostname: str
-    machine_id: str
-
-
 class RestoreOps:
     """``Supervisor.restore`` and its steps, ``wait_live`` and the liveness check."""
 
@@ -160,7 +149,7 @@ class RestoreOps:
             self._retry_streak[snap.id] = 0
         return s
 
-    def _restore_one(self, snap: Snapshot, ask: RestoreAsk, going_on: GoingOn | None = None) -> Session:
+    def _restore_one(self, snap: Snapshot, ask: RestoreAsk) -> Session:
         spec = SessionSpec.from_dict(snap.spec)
         self.check_snapshot_image(snap)
         netpolicy.resolve_for_host(spec.network_policy(), restoring=True)
@@ -175,11 +164,7 @@ class RestoreOps:
             self.store.mark_broken(snap.id, corrupt.message)
             raise Internal(f"snapshot {snap.id} has corrupt images: {corrupt.message}", reason="IMAGES_CORRUPT",
                            detail={"verify": corrupt.message, "criu_log": []}) from corrupt
-        if going_on is None:
-            s = self._new_session(spec, self._alloc_slot())
-        else:
-            s = self._new_session(spec, going_on.slot, going_on.sid)
-            s.hostname, s.machine_id = going_on.hostname, going_on.machine_id
+        s = self._new_session(spec, self._alloc_slot())
         s.snapshot = snap.id
         s.image_hash = snap.image_hash
         s.layers = list(snap.layers)
@@ -225,10 +210,7 @@ class RestoreOps:
                     self._wire_network(s, create=True)
                 s.timings["network"] = time.monotonic() - t0
                 with trace.step(RestoreStep.RESEED):
-                    if going_on is None:
-                        self._reseed(s)
-                    else:
-                        rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE)
+                    self._reseed(s)
                 s.timings["reseed"] = time.monotonic() - t0
             finally:
                 ready.join()
@@ -236,7 +218,7 @@ class RestoreOps:
             with trace.step(RestoreStep.READINESS):
                 faults.hit("restore-after-register")
                 faults.fail("restore-readiness")
-                if spec.wait_port and not (going_on is None and spec.reseed_path):  # the reseed already spoke to the port
+                if spec.wait_port and not spec.reseed_path:  # else the reseed already spoke to the port
                     self._wait_port(s, spec.wait_port, spec.ready_timeout)
             s.timings["ready"] = time.monotonic() - t0
             self._set_state(s, State.RUNNING)

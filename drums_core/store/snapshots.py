@@ -98,8 +98,9 @@ def _freeze_upper(upper: Path, layer: Path) -> None:
     os.rename(tmp, layer)
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """``cp -a`` without following any symlink: overlay's whiteouts, xattrs and owners kept."""
+def copy_layer(src: Path, dst: Path) -> None:
+    """``cp -a`` without following any symlink: overlay's whiteouts, xattrs and owners kept (a
+    writable layer, or a snapshot's files, copied as they are)."""
     out = subprocess.run(["cp", "-a", "--no-dereference", "--", str(src), str(dst)], capture_output=True, text=True,
                          check=False)
     if out.returncode != 0:
@@ -329,12 +330,12 @@ class SnapshotStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=0o700)
         try:
-            _copy_tree(src / "images", tmp / "images")
+            copy_layer(src / "images", tmp / "images")
             faults.hit("spill-mid-copy")
-            _copy_tree(src / "layer", tmp / "layer")
+            copy_layer(src / "layer", tmp / "layer")
             for p in sorted(src.iterdir()):
                 if p.name not in ("images", "layer"):
-                    _copy_tree(p, tmp / p.name)
+                    copy_layer(p, tmp / p.name)
             for name, size in snap.files.items():
                 if (tmp / "images" / name).stat().st_size != size:
                     raise OSError(errno.EIO, f"spilled copy of {sid}: {name} is not {size} bytes")
