@@ -96,8 +96,9 @@ NFT_RE = re.compile(r"^drums_fw\d+_\d\d_")
 class Window:
     """One fault window: its name, the operation that reaches it, the session it needs.
 
-    ``op``: ``restore``; ``restore-fail`` (inject a readiness failure, then restore); ``checkpoint``
-    and ``destroy`` (of a session the faulty daemon restored first); ``sweep`` (the daemon dies at
+    ``op``: ``restore``; ``restore-fail`` (inject a readiness failure, then restore); ``checkpoint``,
+    ``checkpoint-running`` (``leave_running``: the desktop runs on) and ``destroy`` (of a session the
+    faulty daemon restored first); ``sweep`` (the daemon dies at
     ``daemon_window``, then the sweep is killed at ``name`` and rerun); ``evict`` (under a budget of
     2.5 snapshots, a restored session is checkpointed as a cache state, then another one must evict
     it); ``spill`` (under a budget of 1.5 snapshots, a cold session's checkpoint must spill the base).
@@ -131,6 +132,7 @@ WINDOWS: tuple[Window, ...] = (
     Window("checkpoint-staged", "checkpoint"),
     Window("checkpoint-published", "checkpoint"),
     Window("checkpoint-committed", "checkpoint"),
+    Window("checkpoint-mid-copy", "checkpoint-running"),
     Window("destroy-after-kill", "destroy"),
     Window("destroy-before-cgroup-remove", "destroy"),
     Window("destroy-after-unmount", "destroy"),
@@ -560,12 +562,15 @@ class WindowRun:
         outcome = None
         stage = "the armed operation"
         try:
-            if w.op in ("checkpoint", "destroy"):
+            if w.op in ("checkpoint", "checkpoint-running", "destroy"):
                 stage = "the restore before the armed operation"
                 (r,) = faulty.restore(self.snapshot)
                 self.row["session"] = r["id"]
                 stage = "the armed operation"
-                outcome = faulty.checkpoint(r["id"]) if w.op == "checkpoint" else faulty.destroy(r["id"])
+                if w.op == "destroy":
+                    outcome = faulty.destroy(r["id"])
+                else:
+                    outcome = faulty.checkpoint(r["id"], leave_running=w.op == "checkpoint-running")
             elif w.op == "evict":
                 stage = "the checkpoint of a cache state before the armed operation"
                 (r,) = faulty.restore(self.snapshot)

@@ -36,7 +36,7 @@ def test_window_list_matches_the_engine():
     assert sorted(engine - named) == [], "windows in the engine that the harness does not drive"
     assert sorted(named - engine) == [], "harness windows that the engine does not have"
     assert sorted(REQUIRED - set(WINDOW_NAMES)) == []
-    src = (harness.REPO / "drums_core" / "session" / "supervisor.py").read_text()
+    src = (harness.REPO / "drums_core" / "session" / "restoring.py").read_text()
     assert "faults.arm_criu_timer()" in src and "faults.disarm_criu_timer()" in src, "timed windows not armed"
     assert len(set(WINDOW_NAMES)) == len(WINDOW_NAMES)
 
