@@ -352,7 +352,8 @@ def test_store_full_when_nothing_can_be_evicted_leaves_the_session_running(budge
         a = c.create(XTERM)
         c.checkpoint(a["id"], name="pinned-a")      # pinned, and spilling is off
         b = c.create(XTERM)
-        kept = c.checkpoint(b["id"], name="cache-b", cache=True, leave_running=True)
+        kept = c.checkpoint(b["id"], name="cache-b", cache=True)
+        (b,) = c.restore(kept["id"])
         # b runs on from cache-b (in use), pinned-a is pinned: nothing can go
         with pytest.raises(Unavailable) as exc:
             c.checkpoint(b["id"], name="third")

@@ -15,10 +15,11 @@ branch
     call. Every restored desktop's liveness verdict is collected afterwards (not timed).
 
 checkpoint
-    Arms: ``dump`` (the desktop is consumed) and ``dump+leave-running`` (it goes on, with the same
-    id and address), each on a fresh cold Writer desktop after the task's setup: CRIU dump time,
-    the checkpoint call's wall time, image size, and for leave-running the time until the desktop
-    is agent-ready again.
+    Arms: ``dump`` (the desktop is consumed), ``dump+restore`` (what leave-running was until the
+    desktop could go on untouched: a dump that ends it, then a restore) and ``dump+leave-running``
+    (it goes on, with the same id and address), each on a fresh cold Writer desktop after the
+    task's setup: CRIU dump time, the call's wall time (with the restore, for ``dump+restore``),
+    image size, and for the last two the time until a desktop is agent-ready again.
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def run_branch(opts) -> dict:
 
 def run_checkpoint(opts) -> dict:
     rounds = opts.rounds or (1 if opts.quick else 5)
-    arms = ["dump", "dump+leave-running"]
+    arms = ["dump", "dump+leave-running", "dump+restore"]
     rows: dict[str, list[dict]] = {a: [] for a in arms}
     failures: list[dict] = []
     with BenchInstance(common.instances(opts)["main"]) as bi:
@@ -145,19 +146,25 @@ def run_checkpoint(opts) -> dict:
                     time.sleep(0.5)
                     leave = arm == "dump+leave-running"
                     t0 = time.monotonic()
-                    snap = c.checkpoint(desk.id, name=f"ckpt-{i}-{'running' if leave else 'dump'}",
-                                        leave_running=leave)
+                    snap = c.checkpoint(desk.id, name=f"ckpt-{i}-{arm}", leave_running=leave)
+                    sibling = None
+                    if arm == "dump+restore":  # the former leave-running: a dump that ends it, then a restore
+                        desk.closed = True
+                        (sibling,) = c.restore(snap["id"])
                     wall = time.monotonic() - t0
                     row = {"dump": snap["dump_seconds"], "call": round(wall, 4),
                            "size_mib": round(snap["size"] / 2**20, 2),
                            "images_mib": round(common.snapshot_images_bytes(bi.instance, snap["id"]) / 2**20, 2),
                            "processes": len(snap.get("processes") or [])}
-                    if leave:
-                        # the desktop goes on in a restored tree: route to its new init
+                    if leave:  # the desktop went on running
                         back = common.wait_agent_ready(common.route(c.get(desk.id)), t0)
                         row["agent_ready_again"] = round(back["seconds"], 4)
                         row["session_timings"] = c.get(desk.id).get("timings", {})
                         desk.close()
+                    elif sibling is not None:
+                        back = common.wait_agent_ready(common.route(sibling), t0)
+                        row["agent_ready_again"] = round(back["seconds"], 4)
+                        c.destroy(sibling["id"])
                     else:
                         desk.closed = True
                     desk = None
@@ -187,6 +194,9 @@ def run_checkpoint(opts) -> dict:
         "params": {"rounds": rounds, "arms": arms, "task": TASK_NAME},
         "arms": {a: {"rows": rows[a], "stats": stats[a]} for a in arms},
         "summary": {"dump p50 s": dump_p50, "dump+leave-running call p50 s": stats["dump+leave-running"]["call"]["p50"],
+                    "dump+restore (the former leave-running) call p50 s": stats["dump+restore"]["call"]["p50"],
+                    "leave-running call / dump+restore call": common.ratio(stats["dump+leave-running"]["call"]["p50"],
+                                                                           stats["dump+restore"]["call"]["p50"]),
                     "images MiB p50": stats["dump"]["images_mib"]["p50"],
                     "target dump <= 0.35 s": bool(dump_p50 is not None and dump_p50 <= PROTOTYPE["dump_s"]),
                     "failures": len(failures), "leaked resources after": cleanup.get("leaked")},

@@ -92,14 +92,15 @@ def test_branch(out, capsys):
 
 def test_checkpoint(out, capsys):
     res = run_quick("checkpoint", out, capsys)
-    assert set(res["arms"]) == {"dump", "dump+leave-running"}
+    assert set(res["arms"]) == {"dump", "dump+leave-running", "dump+restore"}
     for name, arm in res["arms"].items():
         assert len(arm["rows"]) == 1, name
         row = arm["rows"][0]
         assert 0 < row["dump"] <= row["call"], row
         assert 0 < row["images_mib"] <= row["size_mib"], row
         assert row["processes"] > 3
-    assert res["arms"]["dump+leave-running"]["rows"][0]["agent_ready_again"] > 0
+    for arm in ("dump+leave-running", "dump+restore"):
+        assert res["arms"][arm]["rows"][0]["agent_ready_again"] > 0, arm
     assert res["failures"] == []
     assert_clean(res)
 
