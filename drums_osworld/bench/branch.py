@@ -146,7 +146,7 @@ def run_checkpoint(opts) -> dict:
                     time.sleep(0.5)
                     leave = arm == "dump+leave-running"
                     t0 = time.monotonic()
-                    snap = c.checkpoint(desk.id, name=f"ckpt-{i}-{arm}", leave_running=leave)
+                    snap = c.checkpoint(desk.id, name=f"ckpt-{i}-{arm.replace('+', '-')}", leave_running=leave)
                     sibling = None
                     if arm == "dump+restore":  # the former leave-running: a dump that ends it, then a restore
                         desk.closed = True

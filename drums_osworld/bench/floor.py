@@ -58,11 +58,11 @@ class _LazyRestores:
         self.servers: list[tuple[subprocess.Popen, float, Path]] = []
 
     def __enter__(self) -> "_LazyRestores":
-        def call(kind, opts, work_dir, timeout, cgroup_paths=None):
+        def call(kind, opts, work_dir, timeout, *args, **kwargs):
             if kind == "restore" and self.active:
                 self._serve(opts.images_dir, Path(work_dir))
                 opts.lazy_pages = True
-            return self.orig(kind, opts, work_dir, timeout, cgroup_paths)
+            return self.orig(kind, opts, work_dir, timeout, *args, **kwargs)
 
         self.criu._call = call
         return self
