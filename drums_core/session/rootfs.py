@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..host import linux, safepath
 from ..config import GUEST_CODE, GUEST_SITE
+from ..errors import FailedPrecondition, Internal
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -76,6 +77,13 @@ def _escape_layer(path: str) -> str:
     return path.replace("\\", "\\\\").replace(":", "\\:").replace(",", "\\,")
 
 
+# CRIU reads /proc/*/mountinfo a line at a time into a page-sized buffer: one longer line (an
+# overlay's options name every layer) makes every dump on the host fail. Fields besides the options
+# and the mount point (twice: root and mount point) take about a hundred bytes.
+CRIU_MOUNTINFO_LINE = 4000
+MOUNTINFO_OVERHEAD = 160
+
+
 def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Path) -> None:
     """The session root (``:``, ``,`` and ``\\`` in layer paths escaped as overlay's option parser wants).
 
@@ -85,8 +93,45 @@ def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Pat
     folders, which fails for most of what desktop applications watch ("Can't dump that handle")."""
     lowerdir = ":".join(_escape_layer(str(p)) for p in lowers)
     opts = f"lowerdir={lowerdir},upperdir={upper},workdir={work},redirect_dir=on,index=on,nfs_export=on"
+    # the mount's line in /proc/*/mountinfo must stay readable by CRIU, or no session of the host
+    # could be dumped any more ("Can't parse ... mountinfo"): refuse the mount instead
+    line = len(opts) + 2 * len(str(target)) + MOUNTINFO_OVERHEAD
+    if line > CRIU_MOUNTINFO_LINE:
+        raise FailedPrecondition(
+            f"a root of {len(lowers)} layers would need a mount line of {line} bytes; CRIU reads at most "
+            f"{CRIU_MOUNTINFO_LINE}: restore from a shorter chain of checkpoints", reason="CHAIN_TOO_DEEP",
+            detail={"layers": len(lowers), "line_bytes": line, "limit": CRIU_MOUNTINFO_LINE})
     linux.mount("overlay", str(target), "overlay", 0, opts)
     linux.mount("none", str(target), None, linux.MS_PRIVATE)
+
+
+def layer_alias(alias_dir: Path, layer: Path | str) -> str:
+    """A short name for a checkpoint layer (a symlink in ``alias_dir``, which only the host writes),
+    so that a deep chain of layers fits in one mount line: ``<alias_dir>/<7+ hex>``."""
+    alias_dir.mkdir(exist_ok=True)
+    target = str(layer)
+    digest = hashlib.sha256(target.encode()).hexdigest()
+    for n in range(7, len(digest) + 1):
+        link = alias_dir / digest[:n]
+        try:
+            os.symlink(target, link)
+            return str(link)
+        except FileExistsError:
+            if os.path.islink(link) and os.readlink(link) == target:
+                return str(link)
+    raise Internal(f"no free alias for layer {target} in {alias_dir}", reason="ALIAS_CLASH")
+
+
+def prune_aliases(alias_dir: Path) -> int:
+    """Remove the aliases whose layer is gone (its snapshot was deleted). Returns how many."""
+    gone = 0
+    if not alias_dir.is_dir():
+        return 0
+    for entry in os.scandir(alias_dir):
+        if entry.is_symlink() and not os.path.exists(entry.path):
+            os.unlink(entry.path)
+            gone += 1
+    return gone
 
 
 def mounts_under(target: Path) -> list[str]:

@@ -78,6 +78,8 @@ class Supervisor(CheckpointOps, RestoreOps):
         for d in (instance.sessions_dir, instance.snapshots_dir, instance.images_dir, instance.ledger_root):
             d.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.create(instance.ledger_root, self.run)
+        self.layer_aliases = instance.state_dir / "L"  # short names of checkpoint layers (rootfs.layer_alias)
+        rootfs.prune_aliases(self.layer_aliases)
         budget = BudgetConfig.from_env(instance.state_dir, instance.name)
         self.store = SnapshotStore(instance.snapshots_dir, spill_root=budget.spill_root)
         self.keeper = StoreKeeper(self.store, budget, self._stacked_on, instance.state_dir / "store-journal.jsonl")
@@ -247,6 +249,9 @@ class Supervisor(CheckpointOps, RestoreOps):
                                   reason="IMAGE_CHANGED")
             if Path(lowers[-1]) != Path(rootfs_dir):
                 raise Internal(f"image layer {lowers[-1]} is not the image's rootfs {rootfs_dir}", reason="BAD_LAYERS")
+            snapshots = str(self.instance.snapshots_dir) + "/"
+            lowers = [rootfs.layer_alias(self.layer_aliases, p) if str(p).startswith(snapshots) else p
+                      for p in lowers]
             self.ledger.record("mount", s.root, session=s.id)
             rootfs.mount_overlay(lowers, upper, work, root)
         # a copy of this mount in a namespace cloned later is then known as a copy, not a holder
