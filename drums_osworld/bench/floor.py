@@ -32,9 +32,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import common
+from . import common, inprocess
 from ..progress import progress
-from .common import BenchInstance, rotated, summary
+from .common import rotated, summary
 from .profile import criu_timeline, dump_timeline
 
 LAZY_SYSCTL = Path("/proc/sys/vm/unprivileged_userfaultfd")
@@ -135,94 +135,37 @@ def _first_error(exc: BaseException) -> str:
 
 def run_floor(opts) -> dict:
     from drums_core.session import criu
-    from drums_core.session.supervisor import Supervisor
-    from drums_osworld.desktop import desktop_spec
-    from drums_osworld.evaluation import run_task_setup
-    from drums_osworld.guest.client import GuestClient
 
     n = opts.rounds or (2 if opts.quick else 20)
     n_dumps = 2 if opts.quick else 10
     inst = common.instances(opts)["profile"]
-    holder = BenchInstance(inst)
-    holder._stop_leftover()
     host = {**common.host_facts([inst.name]), "unprivileged_userfaultfd": _lazy_allowed()}
     arms = ["eager", "lazy"]
     rows: dict[str, list[dict]] = {a: [] for a in arms}
     refused: dict[str, str] = {}
     failures: list[dict] = []
-    timeline: dict = {}
     dump_calls: list[float] = []
     dump_criu: list[float] = []
-    dump_split: dict = {}
-    sup = None
+    cleanup: dict = {}
     bar = progress(2 + 2 * n + n_dumps, "floor", opts.no_progress)
     try:
-        with _LazyRestores(criu) as lazy:
-            sup = Supervisor(inst, liveness_delay=3.0)
-            sup.adopted_pids = set()
-            s = sup.create(desktop_spec())
-            run_task_setup(common.WRITER_TASK, GuestClient(s.address, 5000), strict=True)
-            common.wait_agent_ready(s.display, time.monotonic())
-            time.sleep(0.5)
-            snap = sup.checkpoint(s.id, name="floor")
+        with inprocess.supervisor(inst, cleanup) as sup, _LazyRestores(criu) as lazy:
+            snap = inprocess.writer_snapshot(sup, "floor")
             bar.update()
             for i in range(n):
                 for arm in rotated(arms, i):
                     bar.update()
-                    if arm in refused:
-                        continue
-                    lazy.active = arm == "lazy"
-                    cpu0 = _children_cpu()
-                    t0 = time.perf_counter()
-                    try:
-                        [r] = sup.restore(snap.id)
-                    except Exception as exc:  # noqa: BLE001 - a failed restore is a figure of its arm
-                        if arm == "lazy" and not host["unprivileged_userfaultfd"]:
-                            refused[arm] = _first_error(exc)
-                        else:
-                            failures.append({"arm": arm, "error": common.error_record(exc)})
-                        continue
-                    finally:
-                        lazy.active = False
-                    call = time.perf_counter() - t0
-                    criu_cpu = _children_cpu() - cpu0  # CRIU and the helpers it ran, reaped by now
-                    row = {"call": call, "criu_cpu": criu_cpu, "cpu_at_return": criu_cpu + _tasks_cpu(r.init_pid),
-                           "steps": dict(r.timings.get("steps", {}))}
-                    if arm == "lazy":
-                        row["all_pages_in"] = lazy.wait_last()
-                    common.ready_state(r.display)  # one action: a screenshot
-                    row["cpu_after_action"] = criu_cpu + _tasks_cpu(r.init_pid)
-                    row["pss_mib"] = sup.memory(r.id)["pss_kib"] / 1024
-                    live = sup.wait_live(r.id, timeout=30)
-                    row["liveness"] = str(live.liveness)
-                    rows[arm].append(row)
-                    sup.destroy(r.id)
-            # CRIU's own timeline of one eager restore
-            orig_restore = criu.restore
-            logs: list[list[str]] = []
-
-            def restore_v4(*a, **k):
-                k["log_level"] = 4
-                res = orig_restore(*a, **k)
-                logs.append(res.log)
-                return res
-
-            criu.restore = restore_v4
-            try:
+                    if arm not in refused:
+                        _restore_arm(sup, snap, arm, lazy, host, rows, refused, failures)
+            with inprocess.criu_level4(criu, "restore") as logs:  # CRIU's own timeline of one restore
                 [r] = sup.restore(snap.id)
-            finally:
-                criu.restore = orig_restore
             timeline = criu_timeline(logs[0]) if logs else {}
-            # checkpoints that keep the desktop running
+            # checkpoints that keep the desktop running: at the engine's log level, then one at level 4
             orig_dump = criu.dump
-            dump_logs: list[list[str]] = []
 
             def dump_timed(*a, **k):
                 res = orig_dump(*a, **k)
-                if k.get("log_level") == 4:
-                    dump_logs.append(res.log)
-                else:
-                    dump_criu.append(res.seconds)
+                dump_criu.append(res.seconds)
                 return res
 
             criu.dump = dump_timed
@@ -232,25 +175,47 @@ def run_floor(opts) -> dict:
                     sup.checkpoint(r.id, name=f"floor-lr{i}", leave_running=True)
                     dump_calls.append(time.perf_counter() - t0)
                     bar.update()
-                criu.dump = lambda *a, **k: dump_timed(*a, **{**k, "log_level": 4})
-                sup.checkpoint(r.id, name="floor-lr-v4", leave_running=True)
             finally:
                 criu.dump = orig_dump
+            with inprocess.criu_level4(criu, "dump") as dump_logs:
+                sup.checkpoint(r.id, name="floor-lr-v4", leave_running=True)
             dump_split = dump_timeline(dump_logs[0]) if dump_logs else {}
             sup.destroy(r.id)
             bar.update()
     finally:
         bar.close()
-        if sup is not None:
-            with contextlib.suppress(Exception):
-                sup.shutdown(destroy_sessions=True)
-            from drums_core.sweep import sweep
-
-            with contextlib.suppress(Exception):
-                sweep(inst.ledger_root, run=sup.run, only_dead=False)
-        cleanup = holder.stop()
     return _report(opts, host, inst.name, n, rows, refused, failures, timeline, dump_calls, dump_criu,
                    dump_split, cleanup)
+
+
+def _restore_arm(sup, snap, arm: str, lazy: _LazyRestores, host: dict, rows: dict, refused: dict,
+                 failures: list) -> None:
+    """One restore of ``arm`` to agent-ready, with its CPU, PSS after one action and liveness."""
+    lazy.active = arm == "lazy"
+    cpu0 = _children_cpu()
+    t0 = time.perf_counter()
+    try:
+        [r] = sup.restore(snap.id)
+    except Exception as exc:  # noqa: BLE001 - a failed restore is a figure of its arm
+        if arm == "lazy" and not host["unprivileged_userfaultfd"]:
+            refused[arm] = _first_error(exc)
+        else:
+            failures.append({"arm": arm, "error": common.error_record(exc)})
+        return
+    finally:
+        lazy.active = False
+    call = time.perf_counter() - t0
+    criu_cpu = _children_cpu() - cpu0  # CRIU and the helpers it ran, reaped by now
+    row = {"call": call, "criu_cpu": criu_cpu, "cpu_at_return": criu_cpu + _tasks_cpu(r.init_pid),
+           "steps": dict(r.timings.get("steps", {}))}
+    if arm == "lazy":
+        row["all_pages_in"] = lazy.wait_last()
+    common.ready_state(r.display)  # one action: a screenshot
+    row["cpu_after_action"] = criu_cpu + _tasks_cpu(r.init_pid)
+    row["pss_mib"] = sup.memory(r.id)["pss_kib"] / 1024
+    row["liveness"] = str(sup.wait_live(r.id, timeout=30).liveness)
+    rows[arm].append(row)
+    sup.destroy(r.id)
 
 
 def _ms(x: float | None) -> float | None:

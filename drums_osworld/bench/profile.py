@@ -19,16 +19,15 @@ final resume.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import threading
 import time
 from collections import defaultdict
 
-from . import common
+from . import common, inprocess
 from ..progress import progress
-from .common import BenchInstance, summary
+from .common import summary
 
 RESTORE_PHASES = [
     ("drums_core.session.supervisor.Supervisor", "_record_session"),
@@ -176,87 +175,60 @@ def dump_timeline(log: list[str]) -> dict:
             "floor without pages": round(end - pages_total, 1), "per task": per_task}
 
 
+def _profile_restores(sup, n: int, w: _Wrapped, per_restore: list[dict], ready_cmp: list[dict], bar):
+    """``n`` restores of a Writer snapshot with every phase timed, each followed by the two readiness
+    tests side by side on the settled desktop; returns the snapshot."""
+    from drums_core.session import display as dmod
+
+    snap = inprocess.writer_snapshot(sup, "profile")
+    bar.update()
+    for path, name in RESTORE_PHASES:
+        w.wrap(_resolve(path), name, f"{path.rsplit('.', 1)[-1]}.{name}")
+    for _ in range(n):
+        w.acc.clear()
+        t0 = time.perf_counter()
+        [r] = sup.restore(snap.id)
+        total = time.perf_counter() - t0
+        per_restore.append({"restore_call": round(total, 4), **{k: round(sum(v), 4) for k, v in w.acc.items()},
+                            "timings": dict(r.timings)})
+        # readiness, side by side on this settled desktop: the engine's test and the lean one
+        t1 = time.perf_counter()
+        dmod.wait_ready(r.display, snap.windows[0] if snap.windows else None, 30.0,
+                        require_window=bool(snap.windows))
+        t2 = time.perf_counter()
+        common.ready_state(r.display)
+        t3 = time.perf_counter()
+        ready_cmp.append({"engine_wait_ready": round(t2 - t1, 4), "lean_ready_state": round(t3 - t2, 4)})
+        sup.destroy(r.id)
+        bar.update()
+    w.undo()
+    return snap
+
+
 def run_profile(opts) -> dict:
     from drums_core.session import criu
-    from drums_core.session.supervisor import Supervisor
-    from drums_osworld.desktop import desktop_spec
-    from drums_osworld.evaluation import run_task_setup
-    from drums_osworld.guest.client import GuestClient
 
     n = opts.rounds or (2 if opts.quick else 10)
     inst = common.instances(opts)["profile"]
-    holder = BenchInstance(inst)
-    holder._stop_leftover()
     host = common.host_facts([inst.name])
     w = _Wrapped()
     per_restore: list[dict] = []
     ready_cmp: list[dict] = []
     timeline: dict = {}
-    sup = None
+    logs: list[list[str]] = []
+    cleanup: dict = {}
     bar = progress(2 + n, "profile", opts.no_progress)
     try:
-        sup = Supervisor(inst, liveness_delay=3.0)
-        sup.adopted_pids = set()
-        s = sup.create(desktop_spec())
-        run_task_setup(common.WRITER_TASK, GuestClient(s.address, 5000), strict=True)
-        common.wait_agent_ready(s.display, time.monotonic())
-        time.sleep(0.5)
-        snap = sup.checkpoint(s.id, name="profile")
-        bar.update()
-        from drums_core.session import display as dmod
-
-        for path, name in RESTORE_PHASES:
-            w.wrap(_resolve(path), name, f"{path.rsplit('.', 1)[-1]}.{name}")
-        for _ in range(n):
-            w.acc.clear()
-            t0 = time.perf_counter()
-            [r] = sup.restore(snap.id)
-            total = time.perf_counter() - t0
-            row = {"restore_call": round(total, 4), **{k: round(sum(v), 4) for k, v in w.acc.items()},
-                   "timings": dict(r.timings)}
-            per_restore.append(row)
-            # readiness, side by side on this settled desktop: the engine's test and the lean one
-            t1 = time.perf_counter()
-            dmod.wait_ready(r.display, snap.windows[0] if snap.windows else None, 30.0,
-                            require_window=bool(snap.windows))
-            t2 = time.perf_counter()
-            common.ready_state(r.display)
-            t3 = time.perf_counter()
-            ready_cmp.append({"engine_wait_ready": round(t2 - t1, 4), "lean_ready_state": round(t3 - t2, 4)})
+        with inprocess.supervisor(inst, cleanup) as sup:
+            snap = _profile_restores(sup, n, w, per_restore, ready_cmp, bar)
+            with inprocess.criu_level4(criu, "restore") as logs:  # CRIU's own timeline of one restore
+                [r] = sup.restore(snap.id)
+            timeline = criu_timeline(logs[0]) if logs else {}
             sup.destroy(r.id)
             bar.update()
-        w.undo()
-        # one restore with CRIU's level-4 log for its internal timeline
-        orig = criu.restore
-        logs: list[list[str]] = []
-
-        def restore_v4(*a, **k):
-            k["log_level"] = 4
-            res = orig(*a, **k)
-            logs.append(res.log)
-            return res
-
-        criu.restore = restore_v4
-        try:
-            [r] = sup.restore(snap.id)
-        finally:
-            criu.restore = orig
-        timeline = criu_timeline(logs[0]) if logs else {}
-        sup.destroy(r.id)
-        bar.update()
     finally:
         w.undo()
         bar.close()
-        if sup is not None:
-            with contextlib.suppress(Exception):
-                sup.shutdown(destroy_sessions=True)
-            # This supervisor runs in-process: its owner (us) is alive, so the instance's ordinary
-            # sweep of dead runs would skip whatever a failed destroy left. Sweep our run explicitly.
-            from drums_core.sweep import sweep
-
-            with contextlib.suppress(Exception):
-                sweep(inst.ledger_root, run=sup.run, only_dead=False)
-        cleanup = holder.stop()
     phases = sorted({k for row in per_restore for k in row if k not in ("timings",)})
     stats = {k: summary([row.get(k, 0.0) for row in per_restore]) for k in phases}
     order = ["restore_call"] + [f"{p.rsplit('.', 1)[-1]}.{nm}" for p, nm in RESTORE_PHASES]
