@@ -3,10 +3,10 @@
 ``GET /accessibility`` gives the tree in the form of OSWorld's Linux guest, and OSWorld's own code
 reads it: ``linearize_accessibility_tree`` (mm_agents), the ``check_accessibility_tree`` metric and
 the ``active_url_from_accessTree`` getter through a real ``PythonController``, all run in the
-OSWorld venv (tests/osworld_harness.py). On a Writer desktop the tree names the text typed into the
+OSWorld venv (tests/support/osworld_harness.py). On a Writer desktop the tree names the text typed into the
 document; on a Chromium desktop, the address bar and its URL; siblings restored from one checkpoint
 each keep their own accessibility bus and their own tree; a hostile application inside the desktop
-(tests/a11y_hostile.py: endless, deep, cyclic, XML-breaking, huge, lying and hung) cannot break or
+(tests/support/a11y_hostile.py: endless, deep, cyclic, XML-breaking, huge, lying and hung) cannot break or
 hang the guest: the reply is bounded, valid XML, and still has the real applications. The walk's
 latency on Writer and Chromium desktops is printed (not asserted).
 """
@@ -24,7 +24,7 @@ import requests
 from drums_osworld.desktop import GUEST_PORT, desktop_spec
 from drums_osworld.guest import a11y_atspi
 from drums_osworld.guest.client import GuestClient
-from osworld_harness import run_osworld
+from tests.support.osworld_harness import run_osworld
 
 IMAGE = "osworld"
 NS = {
@@ -40,7 +40,7 @@ NS = {
 ST = "{%s}" % NS["st"]
 CP = "{%s}" % NS["cp"]
 WRITER = {"name": "writer", "argv": ["soffice", "--writer", "--norestore", "--nologo"]}
-HOSTILE = Path(__file__).resolve().parent / "a11y_hostile.py"
+HOSTILE = Path(__file__).resolve().parent / "support" / "a11y_hostile.py"
 COORD = re.compile(r"^\(-?\d+, -?\d+\)$")
 
 # OSWorld's linearizer, taken from the installed mm_agents/agent.py by its source (that module's

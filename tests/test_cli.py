@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import DRUMS_CLI, REPO
+from tests.support.suite import DRUMS_CLI
+from tests.support import REPO
 
 
 def drums(instance, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -129,7 +130,7 @@ def test_shutdown_purge_leaves_nothing_of_the_instance(tmp_path):
     nothing under /run/drums, no mount, no process, link or table, and follows no link."""
     from drums_core.config import STATE_ROOT, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"clipurge-{os.getpid()}", slot_base=SPARE_SLOTS[10], slot_count=2)
@@ -186,7 +187,7 @@ def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
     leaves the sessions running, and a purge then sweeps them (no daemon to ask) and removes it all."""
     from drums_core.config import STATE_ROOT, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"clipurge2-{os.getpid()}", slot_base=SPARE_SLOTS[11], slot_count=1)

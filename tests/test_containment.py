@@ -183,7 +183,7 @@ def made(c):
 @pytest.fixture(scope="module")
 def drums(drums_instance):
     """A client of the suite's daemon for this module (the fresh/restored sessions here are shared)."""
-    from tests.conftest import module_client
+    from tests.support.suite import module_client
 
     with module_client(drums_instance, "containment tests") as c:
         yield c

@@ -1,6 +1,6 @@
 """Network policy per session (``none``, ``nat``), against a stand-in upstream the test makes.
 
-The stand-in (:mod:`tests.netstandin`) is a host in a network namespace of this test: HTTP, DNS and a
+The stand-in (:mod:`tests.support.netstandin`) is a host in a network namespace of this test: HTTP, DNS and a
 UDP sink that log the source of everything they receive, behind a veth whose host end is the
 "upstream interface" (``dsu<pid>``). A second one (``dso<pid>``, routed for 198.51.100.0/24) is a
 decoy: a ``nat`` session must never reach it, the host routes to it through another interface.
@@ -50,8 +50,8 @@ import pytest
 from drums_core.config import ID_BASE, STATE_ROOT, Instance
 from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.session.netpolicy import NetworkPolicy, parse_text
-from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
-from tests.netstandin import StandIn, link_exists
+from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
+from tests.support.netstandin import StandIn, link_exists
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,7 +219,7 @@ def other():
 
 @pytest.fixture(scope="module")
 def drums(drums_instance):
-    from tests.conftest import module_client
+    from tests.support.suite import module_client
 
     with module_client(drums_instance, "network tests", timeout=180) as c:
         yield c

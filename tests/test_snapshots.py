@@ -28,7 +28,7 @@ WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-st
 @pytest.fixture(scope="module")
 def fault_instance():
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"snapfault-{os.getpid()}", slot_base=SPARE_SLOTS[0], slot_count=8)
@@ -94,7 +94,7 @@ def test_client_timeout_mid_checkpoint_gets_the_one_snapshot(client, drums_insta
 
 
 def _no_session_resources(instance) -> None:
-    from tests.conftest import instance_links
+    from tests.support.leaks import instance_links
 
     mounts = [m for m in open("/proc/self/mountinfo").read().split("\n") if f"{instance.state_dir}/sessions" in m]
     assert not mounts, mounts

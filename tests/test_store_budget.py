@@ -240,7 +240,7 @@ def test_spilled_snapshot_packs_from_disk(tmp_path):
 @pytest.fixture(scope="module")
 def budget_instance():
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"budget-{os.getpid()}", slot_base=SPARE_SLOTS[8], slot_count=8)
@@ -256,7 +256,7 @@ def _daemon(inst: Instance, **env: str):
     """A daemon of ``inst`` started with ``env`` (the one running is stopped first, its sessions destroyed)."""
     from drums_core.client import Client
 
-    from tests.conftest import SUITE_DAEMON_ENV
+    from tests.support.suite import SUITE_DAEMON_ENV
 
     Client(inst, autostart=False).shutdown(destroy_sessions=True)
     c = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_STORE_MEM_FLOOR": "0", "DRUMS_FAULT_AT": "", **env})

@@ -21,7 +21,7 @@ For every window, on its own daemon instance (own state tmpfs, socket, slot rang
    store's windows (``evict``/``spill``) ``S1`` then checks the store that daemon recovered: every
    snapshot it serves verifies whole, nothing retired or half-swapped is left, the spill directory
    holds only what the store links, and the victim is whole or gone (gating for those windows);
-7. the instance is stopped and removed whatever happened (``tests.conftest.stop_instance``, then
+7. the instance is stopped and removed whatever happened (``tests.support.suite.stop_instance``, then
    anything still there is removed by force and reported in the row).
 
 One JSON row per window goes to the results file (``DRUMS_FW_RESULTS``, default
@@ -56,21 +56,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-for _p in (str(REPO), str(REPO / "tests")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from tests.support import REPO
 
-from drums_core.host import procs  # noqa: E402
-from drums_core.client import Client  # noqa: E402
-from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
-from drums_core.errors import DrumsError, Unavailable  # noqa: E402
-from drums_core.host.hoststate import ledger_claims, snapshot_host_state  # noqa: E402
-from drums_core.sweep.ledger import Ledger  # noqa: E402
+from drums_core.host import procs
+from drums_core.client import Client
+from drums_core.config import STATE_ROOT, X11_DIR, Instance
+from drums_core.errors import DrumsError, Unavailable
+from drums_core.host.hoststate import ledger_claims, snapshot_host_state
+from drums_core.sweep.ledger import Ledger
 
 DEFAULT_RESULTS = REPO / "results" / "fault-windows.jsonl"
 SLOTS_PER_WINDOW = 4
-DEFAULT_SLOT_BASE = 9100  # far from the ranges other instances on a shared host use
 CLIENT_TIMEOUT = 180.0  # no operation here takes minutes; a hung daemon must not hang the suite
 XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "fwin"]}],
          "expect_window": "fwin"}
@@ -180,7 +176,11 @@ def selected_windows(names: str | None = None) -> list[Window]:
 
 
 def _slot_base() -> int:
-    return int(os.environ.get("DRUMS_FW_SLOT_BASE", str(DEFAULT_SLOT_BASE)))
+    """The first slot of the windows: ``DRUMS_FW_SLOT_BASE``, else the fault-window part of this
+    process's slot block (tests/support/slots.py), which no other test process on the host uses."""
+    from tests.support.slots import my_block
+
+    return int(os.environ.get("DRUMS_FW_SLOT_BASE") or my_block().faults.start)
 
 
 def _criterion(ok: bool, detail=None) -> dict:
@@ -524,8 +524,8 @@ class WindowRun:
         w = self.w
         t = time.monotonic()
         spec = None
-        if w.spec == "nat":  # a stand-in upstream of its own (tests.netstandin), kept until the cleanup
-            from tests.netstandin import StandIn
+        if w.spec == "nat":  # a stand-in upstream of its own (tests.support.netstandin), kept until the cleanup
+            from tests.support.netstandin import StandIn
 
             self.standin = StandIn(f"dsf{os.getpid() % 100000}", 3, {"dns.fw.test": NAT_DNS},
                                    routed="203.0.113.128/25", name="fault-windows").start()
@@ -854,7 +854,7 @@ class WindowRun:
 
     # -------------------------------------------------------------- cleanup
     def _cleanup(self) -> None:
-        from tests.conftest import stop_instance
+        from tests.support.suite import stop_instance
 
         errors = []
         self.decoys.close()

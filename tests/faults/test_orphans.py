@@ -9,7 +9,7 @@
     sweeps the third.
 
 Each test runs on its own instance (own state dir, slots, nft table) and stops it in a finalizer,
-whatever happened (``tests.conftest.stop_instance``, then anything left is removed by force and
+whatever happened (``tests.support.suite.stop_instance``, then anything left is removed by force and
 the test fails on it).
 """
 from __future__ import annotations
@@ -29,16 +29,18 @@ from drums_core.client import Client
 from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
 from drums_core.sweep.ledger import Ledger
+from tests.support.slots import my_block
 from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, _wait, daemon_env, force_clean,
                                   instance_footprint, sweep_cli, sweep_counts)
 
-SLOT_BASE = int(os.environ.get("DRUMS_ORPHANS_SLOT_BASE", "9240"))
+# the orphans part of this process's slot block (tests/support/slots.py) unless DRUMS_ORPHANS_SLOT_BASE says
+SLOT_BASE = int(os.environ.get("DRUMS_ORPHANS_SLOT_BASE") or my_block().orphans.start)
 
 
 @pytest.fixture
 def instance(request):
     """A fresh instance per test, stopped and removed unconditionally."""
-    from tests.conftest import require_root, stop_instance
+    from tests.support.suite import require_root, stop_instance
 
     require_root()
     index = {"test_orphans_of_a_killed_daemon_are_reaped_exactly": 0}.get(request.node.name, 1)

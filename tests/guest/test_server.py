@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import requests
-from guestlib import SCREEN, GuestServer
+from tests.support.guestlib import SCREEN, GuestServer
 from PIL import Image, ImageChops
 
 ST = "{https://accessibility.ubuntu.example.org/ns/state}"

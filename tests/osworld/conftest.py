@@ -1,10 +1,10 @@
 """Fixtures for the OSWorld provider and snapshot-bridge tests.
 
-The real ``desktop-env==1.0.2`` runs in its own venv (``tests/osworld_harness.py``), so every test
+The real ``desktop-env==1.0.2`` runs in its own venv (``tests/support/osworld_harness.py``), so every test
 drives ``DesktopEnv`` in a subprocess of that venv, with this repository importable and the suite's
 daemon instance in its environment (``DRUMS_INSTANCE`` and its slot range). Nothing of Drums or
 OSWorld is mocked: real daemon, real CRIU, real guest server, OSWorld's own controllers and
-evaluators. The helpers live in osworldlib.py.
+evaluators. The helpers live in tests/support/osworldlib.py.
 
 After each test: no session left (the suite's ``client`` fixture), no lease file or watchdog left,
 and every snapshot the test made deleted (``init_state`` of each image is kept for the suite: it is
@@ -13,16 +13,14 @@ shared by design).
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from osworldlib import OSWorld, _venv, watchdog_pids  # noqa: E402
+from tests.support.osworldlib import OSWorld, _venv, watchdog_pids
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,8 @@ import pytest
 
 from drums_core.config import Instance
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from osworldlib import REPO, OSWorld, watchdog_pids  # noqa: E402
+from tests.support.osworldlib import REPO, OSWorld, watchdog_pids
 
 BUDGET = "500m"  # the osworld image: init_state ~70 MiB, a LibreOffice task's post_setup ~300 MiB
 TASKS = [
@@ -75,7 +74,7 @@ def budget_osworld(osworld_venv):
     from drums_core.client import Client
     from drums_core.host.hoststate import instance_leaks
 
-    from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"osbudget-{os.getpid()}", slot_base=SPARE_SLOTS[8], slot_count=8)

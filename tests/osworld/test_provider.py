@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from osworldlib import REPO, watchdog_pids
+from tests.support.osworldlib import REPO, watchdog_pids
 
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
@@ -398,7 +398,7 @@ def test_daemon_autostarts_from_the_osworld_interpreter(osworld, drums_instance)
     from drums_core.client import Client
     from drums_core.config import VENV, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, stop_instance
+    from tests.support.suite import SPARE_SLOTS, stop_instance
 
     # A second instance on spare slots of this run's range (the fault-window daemon uses the first 8).
     inst = Instance(name=f"{drums_instance.name}-auto", slot_base=SPARE_SLOTS[12], slot_count=2)

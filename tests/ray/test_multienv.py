@@ -4,7 +4,7 @@ The real script is not in the desktop-env wheel; the stand-in is the provider te
 (tests/osworld/test_provider.py: run_multienv's argparse choices for ``--provider_name``, its
 DesktopEnv call, one DesktopEnv per worker process, tasks from a queue), extended here to report
 each task's desktop. It runs through ``python -m drums_osworld.apps.run`` with the real desktop-env
-1.0.2 (tests/osworld_harness.py) against the suite's daemon, with the default reuse mode
+1.0.2 (tests/support/osworld_harness.py) against the suite's daemon, with the default reuse mode
 (``none``): 4 tasks from ``tasks/``, each scored 0 before and 1 after its solution, each on a
 desktop of its own, no desktop shared between the workers, nothing left afterwards.
 """
@@ -14,7 +14,6 @@ import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OSW = REPO / "tests" / "osworld"
-
-if str(OSW) not in sys.path:
-    sys.path.insert(0, str(OSW))
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -37,7 +33,7 @@ def _stand_in() -> str:
 
 
 def test_run_multienv_two_workers_four_tasks(drums_instance, client):
-    from osworldlib import OSWorld, _venv, watchdog_pids
+    from tests.support.osworldlib import OSWorld, _venv, watchdog_pids
 
     runner = _stand_in()
     mine = runner.replace("env.provider.reuse_mode])", "env.provider.reuse_mode, env.provider.desktop.id])")

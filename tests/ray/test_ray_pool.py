@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from raylib import TASK, node_leftovers
+from tests.support.raylib import TASK, node_leftovers
 
 pytestmark = pytest.mark.timeout(900)
 

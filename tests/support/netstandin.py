@@ -1,7 +1,7 @@
 """A stand-in "upstream" host for the ``nat`` policy's tests, in a network namespace the test makes.
 
 One child process holds the namespace (``unshare --net``; it dies with the process that made it,
-``PR_SET_PDEATHSIG``) and runs :mod:`tests.netstandin_server` there: HTTP on 80, DNS on 53, a UDP
+``PR_SET_PDEATHSIG``) and runs :mod:`tests.support.netstandin_server` there: HTTP on 80, DNS on 53, a UDP
 sink on 9, each logging the source address of what it receives. The host side of its veth is the
 "upstream interface" that sessions are routed through.
 

@@ -1,7 +1,4 @@
-"""Helpers of the guest server tests: a real Xvfb + openbox on a free display, and servers.
-
-(A module of its own, not conftest.py: the suite has a tests/conftest.py too, and
-``from conftest import ...`` would be ambiguous.)
+"""Helpers of the guest server tests (tests/guest): a real Xvfb + openbox on a free display, and servers.
 
 Everything started here carries ``DRUMS_GUEST_TEST_TAG=<uuid>`` in its environment, and so does
 everything those processes start (xterms, LibreOffice, ffmpeg, commands). Teardown kills by that
@@ -21,13 +18,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TESTS = REPO / "tests"
-for p in (str(REPO), str(TESTS)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import requests
 
-import requests  # noqa: E402
+from . import REPO
 
 TAG_VAR = "DRUMS_GUEST_TEST_TAG"
 TAG = uuid.uuid4().hex
