@@ -89,7 +89,7 @@ def preferred_block(run: str, worker: str, nblocks: int = NBLOCKS) -> int:
     return (start + k) % nblocks
 
 
-_held: dict[int, int] = {}  # block index -> fd of its lock, held until the process exits
+_held: dict[tuple[Path, int], int] = {}  # (lock dir, block index) -> fd of its lock, held until the process exits
 
 
 def claim_block(run: str | None = None, worker: str | None = None, lock_dir: Path = LOCK_DIR) -> Block:
@@ -102,7 +102,7 @@ def claim_block(run: str | None = None, worker: str | None = None, lock_dir: Pat
         return Block(first)
     for i in range(NBLOCKS):
         index = (first + i) % NBLOCKS
-        if index in _held:
+        if (lock_dir, index) in _held:
             continue
         try:
             fd = os.open(lock_dir / f"{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -113,14 +113,14 @@ def claim_block(run: str | None = None, worker: str | None = None, lock_dir: Pat
         except BlockingIOError:
             os.close(fd)
             continue
-        _held[index] = fd
+        _held[lock_dir, index] = fd
         return Block(index)
     raise RuntimeError(f"all {NBLOCKS} slot blocks under {lock_dir} are held by other test processes")
 
 
-def release_block(block: Block) -> None:
+def release_block(block: Block, lock_dir: Path = LOCK_DIR) -> None:
     """Give a claimed block back (the unit test of the claim; a test process keeps its own)."""
-    fd = _held.pop(block.index, None)
+    fd = _held.pop((lock_dir, block.index), None)
     if fd is not None:
         os.close(fd)
 

@@ -58,12 +58,12 @@ def test_a_held_block_is_not_claimed_again(tmp_path):
         assert json.loads(out) == (first.index + 1) % NBLOCKS
         second = claim_block("run-x", "gw0", lock_dir=tmp_path)  # this process: not its own block twice
         assert second.index != first.index
-        release_block(second)
+        release_block(second, tmp_path)
     finally:
-        release_block(first)
+        release_block(first, tmp_path)
     again = claim_block("run-x", "gw0", lock_dir=tmp_path)
     assert again.index == first.index
-    release_block(again)
+    release_block(again, tmp_path)
 
 
 def _suite_of(env: dict) -> subprocess.Popen:
