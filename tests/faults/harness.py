@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support import REPO
+from tests.support.wait import WaitTimeout, wait_until
 
 from drums_core.host import procs
 from drums_core.client import Client
@@ -190,15 +191,6 @@ def _criterion(ok: bool, detail=None) -> dict:
     return out
 
 
-def _wait(cond, timeout: float, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
-
-
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
 
@@ -310,7 +302,8 @@ def force_clean(inst: Instance, exclude_pids: set[int] = frozenset()) -> dict[st
             if procs.is_alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
     for pid, start, _ in found["processes"]:
-        _wait(lambda pid=pid, start=start: not procs.is_alive(pid, start), 5)
+        with contextlib.suppress(WaitTimeout):  # reported by the caller's footprint check
+            wait_until(lambda pid=pid, start=start: not procs.is_alive(pid, start), 5, f"{pid} to die")
     for m in found["mounts"]:  # deepest first
         with contextlib.suppress(OSError):
             procs.umount_detach(m)
@@ -343,9 +336,7 @@ class Decoys:
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "--tag", self.tag],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      cwd="/")
-        ok = _wait(lambda: self.tag in procs.tags_of(procs.read_cmdline(self.proc.pid)), 10)
-        if not ok:
-            raise RuntimeError("decoy process did not start")
+        wait_until(lambda: self.tag in procs.tags_of(procs.read_cmdline(self.proc.pid)), 10, "the decoy process")
         self.start = procs.starttime(self.proc.pid)
         mount_at.mkdir(parents=True, exist_ok=True)
         out = _run(["mount", "-t", "tmpfs", "-o", "size=1m", "drums-fw-decoy", str(mount_at)])
@@ -400,8 +391,7 @@ def wait_crowd(client: Client, sid: str, timeout: float = 60.0) -> None:
     def ready() -> bool:
         return client.exec(sid, ["test", "-e", CROWD_READY], timeout=10)["returncode"] == 0
 
-    if not _wait(ready, timeout, 0.1):
-        raise RuntimeError(f"crowd session {sid} not ready in {timeout}s")
+    wait_until(ready, timeout, f"crowd session {sid} to be ready", every=0.1)
 
 
 def build_snapshot(inst: Instance, spec_name: str, spec: dict | None = None) -> dict:
@@ -413,7 +403,8 @@ def build_snapshot(inst: Instance, spec_name: str, spec: dict | None = None) -> 
         wait_crowd(healthy, s["id"])
     snap = healthy.checkpoint(s["id"])
     healthy.shutdown(destroy_sessions=True)
-    _wait(lambda: not procs.is_alive(info["pid"]), 30)
+    with contextlib.suppress(WaitTimeout):  # a daemon that outlives its shutdown shows in the window's checks
+        wait_until(lambda: not procs.is_alive(info["pid"]), 30, "the daemon to exit")
     return {"snapshot": snap["id"], "run": info["run"], "session": s["id"], "size": snap["size"]}
 
 
@@ -601,8 +592,9 @@ class WindowRun:
             self.criteria["F0"] = _criterion(False, f"window {w.daemon_fault} not reached: the operation "
                                                     f"completed (timings {str(timings)[:300]})")
             return False
-        gone = _wait(lambda: not procs.is_alive(pid), 15)
-        if not gone:
+        try:
+            wait_until(lambda: not procs.is_alive(pid), 15, f"daemon {pid} to die")
+        except WaitTimeout:
             self.criteria["F0"] = _criterion(False, f"daemon {pid} still alive 15 s after the connection died")
             return False
         self.criteria["F0"] = _criterion(True, f"daemon {pid} died at {w.daemon_fault}")
@@ -820,7 +812,8 @@ class WindowRun:
             rc = c.exec(r["id"], ["true"])["returncode"]
             c.destroy(r["id"])
             c.shutdown(destroy_sessions=True)
-            _wait(lambda: not procs.is_alive(pid), 30)
+            with contextlib.suppress(WaitTimeout):  # judged by the criteria that follow, as before
+                wait_until(lambda: not procs.is_alive(pid), 30, "the daemon to exit")
             ok = rc == 0 and not adopted
             return _criterion(ok, None if ok else {"exec_rc": rc, "sessions_at_start": adopted})
         except Exception as exc:  # noqa: BLE001 - reported in the row
