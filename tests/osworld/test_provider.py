@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.support.osworldlib import REPO, watchdog_pids
+from tests.support.wait import wait_until
 
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
@@ -198,15 +199,6 @@ def _start_holder(osworld) -> tuple[subprocess.Popen, list[str]]:
     return proc, json.loads(line.split(" ", 1)[1])
 
 
-def _wait_until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - t0
-
-
 def _private_snapshots(client) -> list[dict]:
     return [s for s in client.snapshots() if ":env:" in str(s.get("scope"))]
 
@@ -222,11 +214,13 @@ def test_killed_desktopenv_sessions_are_reclaimed(osworld, client, drums_instanc
     assert len(_private_snapshots(client)) == 1
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    took = _wait_until(lambda: not ({s["id"] for s in client.list()} & set(sessions)), 60,
-                       "the watchdog to reclaim the killed process's sessions")
+    t0 = time.monotonic()
+    wait_until(lambda: not ({s["id"] for s in client.list()} & set(sessions)), 60,
+               "the watchdog to reclaim the killed process's sessions", every=0.1)
+    took = time.monotonic() - t0
     print(f"watchdog reclaimed {len(sessions)} sessions {took:.2f}s after the SIGKILL")
-    _wait_until(lambda: not _private_snapshots(client) and not osworld.lease_files(), 30,
-                "the private snapshot and the leases to go")
+    wait_until(lambda: not _private_snapshots(client) and not osworld.lease_files(), 30,
+               "the private snapshot and the leases to go", every=0.1)
 
     # 2. Owner and watchdog both die: the sessions stay until the sweep reclaims them.
     proc, sessions = _start_holder(osworld)
