@@ -25,6 +25,7 @@ from drums_osworld.desktop import GUEST_PORT, desktop_spec
 from drums_osworld.guest import a11y_atspi
 from drums_osworld.guest.client import GuestClient
 from tests.support.osworld_harness import run_osworld
+from tests.support.wait import wait_until
 
 IMAGE = "osworld"
 NS = {
@@ -75,18 +76,27 @@ def _get_tree(session: dict, timeout: float = 120.0) -> dict:
     return body
 
 
+class _Unmet:
+    """A tree without what is awaited: false, and shows its applications and focused paragraph."""
+
+    def __init__(self, root: ET.Element):
+        self.root = root
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        apps = [(a.tag, a.get("name")) for a in self.root]
+        return f"applications: {apps}; focused paragraph: {_para_text(self.root)!r}"
+
+
 def _wait_tree(session: dict, pred, what: str, timeout: float = 90.0) -> tuple[dict, ET.Element]:
-    deadline = time.monotonic() + timeout
-    body, root = {}, None
-    while time.monotonic() < deadline:
+    def tree():
         body = _get_tree(session)
         root = ET.fromstring(body["AT"])
-        if pred(root):
-            return body, root
-        time.sleep(0.5)
-    apps = [(a.tag, a.get("name")) for a in root] if root is not None else None
-    para = _para_text(root) if root is not None else None
-    raise AssertionError(f"{what} never appeared in the tree; applications: {apps}; focused paragraph: {para!r}")
+        return (body, root) if pred(root) else _Unmet(root)
+
+    return wait_until(tree, timeout, f"{what} in the tree", every=0.5)
 
 
 def _focused_paragraph(root: ET.Element) -> ET.Element | None:
@@ -226,14 +236,11 @@ def test_gtk_apps_gimp_and_terminal(client):
                    "GIMP's frame", timeout=120)
         g.launch(["gnome-terminal"])
         _wait_tree(s, lambda r: r.find(".//terminal") is not None, "gnome-terminal's terminal", timeout=60)
-        deadline = time.monotonic() + 60
-        while g.terminal() is None:  # None until its window is active and its terminal focused
-            assert time.monotonic() < deadline, "gnome-terminal never had the focus"
-            time.sleep(0.5)
+        # /terminal is None until its window is active and its terminal focused
+        wait_until(lambda: g.terminal() is not None, 60, "gnome-terminal to have the focus", every=0.5)
         _type(g, "echo drums-$((6*7))\n")
-        while "drums-42" not in (g.terminal() or ""):
-            assert time.monotonic() < deadline, f"/terminal never showed the command's output: {g.terminal()!r}"
-            time.sleep(0.5)
+        wait_until(lambda: "drums-42" in (g.terminal() or ""), 60, "/terminal to show the command's output",
+                   every=0.5)
         body, root = _wait_tree(s, lambda r: True, "the tree")
         _check_form(body["AT"], root)
         names = [a.get("name") for a in root]
@@ -278,10 +285,8 @@ def test_hostile_app_cannot_break_the_tree(client, tmp_path):
         g.upload("/tmp/a11y_hostile.py", HOSTILE.read_bytes())
         for mode in ("frozen", "big"):
             g.launch(["python3", "/tmp/a11y_hostile.py", mode, f"/tmp/hostile-{mode}.ready"])
-        deadline = time.monotonic() + 60
-        while g.execute("ls /tmp/hostile-frozen.ready /tmp/hostile-big.ready", shell=True).returncode != 0:
-            assert time.monotonic() < deadline, "the hostile apps did not register"
-            time.sleep(0.2)
+        wait_until(lambda: g.execute("ls /tmp/hostile-frozen.ready /tmp/hostile-big.ready", shell=True).returncode == 0,
+                   60, "the hostile apps to register", every=0.2)
         t0 = time.monotonic()
         body = _get_tree(s, timeout=a11y_atspi.WALK_SECONDS + 60)  # answers; never hangs
         took = time.monotonic() - t0

@@ -18,6 +18,8 @@ from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
+from tests.support.wait import wait_until
+
 XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "snapwin"]}],
          "expect_window": "snapwin"}
 
@@ -41,10 +43,7 @@ def fault_instance():
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     from drums_core.session.processes import is_alive
 
-    deadline = time.monotonic() + timeout
-    while is_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not is_alive(pid), f"daemon {pid} did not die"
+    wait_until(lambda: not is_alive(pid), timeout, f"daemon {pid} to die", every=0.01)
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=[w or "control" for w in WINDOWS])
