@@ -12,6 +12,8 @@ import pytest
 from drums_core.errors import Internal, NotFound
 from drums_core.session.supervisor import SETTLED_AGE
 
+from tests.support.wait import wait_until
+
 WRITER = {"programs": [{"name": "writer", "argv": ["libreoffice", "--writer", "--norestore", "--nologo"]}],
           "expect_window": "LibreOffice Writer", "ready_timeout": 120}
 
@@ -159,12 +161,8 @@ def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snap
     (s,) = client.restore(writer_snapshot["id"])
     try:
         client.exec(s["id"], ["bash", "-c", "pkill -9 -f drawer.py"], user="root")
-        deadline = time.monotonic() + 15
+        wait_until(lambda: client.get(s["id"])["state"] == "BROKEN", 15, "the session to be BROKEN", every=0.2)
         info = client.get(s["id"])
-        while info["state"] != "BROKEN" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            info = client.get(s["id"])
-        assert info["state"] == "BROKEN", info
         assert "python" in info["broken"], info["broken"]
         with pytest.raises(Internal) as exc:
             client.exec(s["id"], ["true"])

@@ -52,6 +52,7 @@ from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.session.netpolicy import NetworkPolicy, parse_text
 from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 from tests.support.netstandin import StandIn, link_exists
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -359,9 +360,7 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
         pass
     with socket.create_connection((b["address"], 8000), timeout=5):
         pass
-    deadline = time.monotonic() + 5
-    while len(listeners.accepted) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(listeners.accepted) >= 3, 5, "three accepted connections")
     assert sorted(n for n, _ in listeners.accepted) == ["any", "any", "loopback"], listeners.accepted
     seen_by_host = len(listeners.accepted)
 
@@ -395,7 +394,7 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
     assert {h["src"] for h in log["http"]} == {up.host_address}, "not masqueraded behind the upstream's address"
     assert {d["src"] for d in log["dns"]} == {up.host_address} and "web.standin.test" in [d["name"] for d in log["dns"]]
     assert other.log() == {"http": [], "dns": [], "udp": []}
-    time.sleep(0.5)  # an accept in flight would show now
+    time.sleep(0.5)  # an absence, nothing to wait on: an accept in flight would show by now
     assert listeners.accepted[seen_by_host:] == [], listeners.accepted
 
     drums.destroy(a["id"])
@@ -475,7 +474,7 @@ def test_session_root_cannot_route_spoof_or_readdress_its_way_out(drums, session
     new_http = [h["path"] for h in log["http"][len(before_log["http"]):]]
     assert new_http == [], new_http
     assert other.log() == {"http": [], "dns": [], "udp": []}
-    time.sleep(0.5)  # an accept in flight would show now
+    time.sleep(0.5)  # an absence, nothing to wait on: an accept in flight would show by now
     assert listeners.accepted == [], listeners.accepted
     # the victim still answers its host, and nothing of a's got to it
     with socket.create_connection((victim["address"], 8000), timeout=5):
@@ -550,9 +549,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         rec = hostnet_record(up.ifname)
         assert set(rec["holders"]) == {drums.ping()["run"], info["run"]}, rec
         os.kill(info["pid"], 9)
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{info['pid']}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not os.path.exists(f"/proc/{info['pid']}"), 15, "the killed daemon to die")
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1, report.to_dict()
         assert up.forwarding() == "1", "another run's session still uses the upstream"
@@ -570,9 +567,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         with pytest.raises(DrumsError) as err:
             faulty.create(nat(up.ifname))
         assert err.value.reason == "DAEMON_DIED", err.value
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 15, "the faulty daemon to die")
         assert up.forwarding() == "1"
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1 and report.errors == 0, report.to_dict()

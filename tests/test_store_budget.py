@@ -29,6 +29,8 @@ from drums_core.host.procs import boot_id
 from drums_core.store.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
 
+from tests.support.wait import wait_until
+
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "budgetwin"]}],
@@ -391,9 +393,7 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         with pytest.raises(Unavailable) as exc:
             faulty.checkpoint(s["id"], name="needs-room")
         assert exc.value.reason == "DAEMON_DIED", exc.value
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 15, f"daemon {pid} to die")
         retired = inst.snapshots_dir / f".rm-{victim['id']}"
         assert retired.exists() and not (inst.snapshots_dir / victim["id"]).exists()
         if window == "purge-mid-delete":
