@@ -12,8 +12,8 @@ shared by design).
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 
 
 from tests.support.osworldlib import OSWorld, _venv, watchdog_pids
+from tests.support.wait import WaitTimeout, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +36,8 @@ def osworld(osworld_venv, drums_instance, client) -> Iterator[OSWorld]:
     before = {s["id"] for s in client.snapshots()}
     ow = OSWorld(osworld_venv, drums_instance)
     yield ow
-    deadline = time.monotonic() + 15
-    while watchdog_pids(drums_instance) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(WaitTimeout):  # reported below, after the clean-up
+        wait_until(lambda: not watchdog_pids(drums_instance), 15, "the lease watchdogs to exit", every=0.2)
     leftover_watchdogs = watchdog_pids(drums_instance)
     leftover_leases = ow.lease_files()
     made = [s for s in client.snapshots() if s["id"] not in before and s.get("name") != "init_state"]

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from drums_core.config import Instance
 
 
 from tests.support.osworldlib import REPO, OSWorld, watchdog_pids
+from tests.support.wait import wait_until
 
 BUDGET = "500m"  # the osworld image: init_state ~70 MiB, a LibreOffice task's post_setup ~300 MiB
 TASKS = [
@@ -85,10 +85,7 @@ def budget_osworld(osworld_venv):
     ow = OSWorld(osworld_venv, inst)
     try:
         yield ow, client
-        deadline = time.monotonic() + 15
-        while watchdog_pids(inst) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not watchdog_pids(inst), "lease watchdogs still running"
+        wait_until(lambda: not watchdog_pids(inst), 15, "the lease watchdogs to exit", every=0.2)
         assert not ow.lease_files(), f"lease files left behind: {ow.lease_files()}"
         assert client.list() == [], f"sessions left behind: {client.list()}"
     finally:

@@ -10,6 +10,7 @@ desktop of its own, no desktop shared between the workers, nothing left afterwar
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.wait import WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 OSW = REPO / "tests" / "osworld"
@@ -61,9 +64,8 @@ def test_run_multienv_two_workers_four_tasks(drums_instance, client):
         assert 1 <= len(by_worker) <= 2, by_worker
         assert client.list() == []
     finally:
-        deadline = time.monotonic() + 15
-        while watchdog_pids(drums_instance) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(WaitTimeout):  # reported below, after the clean-up
+            wait_until(lambda: not watchdog_pids(drums_instance), 15, "the lease watchdogs to exit", every=0.2)
         leftover_watchdogs = watchdog_pids(drums_instance)
         leftover_leases = ow.lease_files()
         made = [s for s in client.snapshots() if s["id"] not in before and s.get("name") != "init_state"]
