@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -160,11 +159,10 @@ class Scratch:
                 wait_until(lambda pid=pid: not _alive(pid), 10, f"{pid} to exit")
         self.pids.clear()
         for target in reversed(self.mounted):
-            for _ in range(50):  # a dying namespace lets go of its root a moment later
-                if subprocess.run(["umount", str(target)], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.1)
-            else:
+            try:  # a dying namespace lets go of its root a moment later
+                wait_until(lambda target=target: subprocess.run(["umount", str(target)], capture_output=True)
+                           .returncode == 0, 5, f"{target} to unmount", every=0.1)
+            except WaitTimeout:
                 subprocess.run(["umount", "-l", str(target)], capture_output=True)
         self.mounted.clear()
         shutil.rmtree(self.base, ignore_errors=True)

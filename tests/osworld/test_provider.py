@@ -6,6 +6,7 @@ Each test names the acceptance item of issue 7 it shows.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import time
 import pytest
 
 from tests.support.osworldlib import REPO, watchdog_pids
-from tests.support.wait import wait_until
+from tests.support.wait import WaitTimeout, wait_until
 
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
@@ -187,12 +188,15 @@ KEEP_ALIVE = f'''
 
 def _start_holder(osworld) -> tuple[subprocess.Popen, list[str]]:
     proc = osworld.popen(KEEP_ALIVE)
-    deadline = time.monotonic() + 300
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("READY ") or (not line and proc.poll() is not None):
-            break
+    lines = [""]
+
+    def ready_or_gone() -> bool:  # readline blocks until a line (or the end of the output)
+        lines.append(proc.stdout.readline())
+        return lines[-1].startswith("READY ") or (not lines[-1] and proc.poll() is not None)
+
+    with contextlib.suppress(WaitTimeout):  # judged just below
+        wait_until(ready_or_gone, 300, "the DesktopEnv process's READY line", every=0)
+    line = lines[-1]
     if not line.startswith("READY "):
         proc.kill()
         pytest.fail(f"the DesktopEnv process did not get ready: {line!r} {proc.stderr.read()[-3000:]}")
@@ -230,7 +234,7 @@ def test_killed_desktopenv_sessions_are_reclaimed(osworld, client, drums_instanc
     os.kill(dogs[0], signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    time.sleep(2)
+    time.sleep(2)  # an absence, nothing to wait on: a reclaim that should not happen would show by now
     assert set(sessions) <= {s["id"] for s in client.list()}, "nothing should have reclaimed them yet"
     assert len(osworld.lease_files()) == 6  # 3 sessions + the private snapshot, held by each of the 3 envs
     out = subprocess.run([str(osworld.venv / "bin/python"), "-m", "drums_osworld.provider.leases", "--reap",

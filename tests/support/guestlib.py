@@ -138,17 +138,19 @@ class XServer:
         try:
             root = d.screen().root
             atom = d.intern_atom("_NET_SUPPORTING_WM_CHECK")
+
             def wm_check() -> bool:
                 p = root.get_full_property(atom, X.AnyPropertyType)
                 return p is not None and len(p.value) > 0
 
-            with contextlib.suppress(WaitTimeout):  # as before: a test then fails on what it needs of the WM
+            try:
                 wait_until(wm_check, 15, "openbox's _NET_SUPPORTING_WM_CHECK")
-                # openbox sets the check early and offers no later sign that its start-up is done
-                time.sleep(0.3)
+            except WaitTimeout as exc:
+                raise RuntimeError(f"openbox did not start: {exc}") from None
+            # openbox sets the check early and offers no later sign that its start-up is done
+            time.sleep(0.3)
         finally:
             d.close()
-        raise RuntimeError("openbox did not start")
 
     def stop(self) -> None:
         for p in reversed(self.procs):
