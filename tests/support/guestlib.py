@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import pytest
 import requests
 
 from . import REPO
+from .envtag import kill_env_tagged
 from .wait import WaitTimeout, wait_until
 
 TAG_VAR = "DRUMS_GUEST_TEST_TAG"
@@ -41,46 +41,9 @@ def _server_python() -> str:
     pytest.fail("no interpreter with flask, python-xlib, Pillow, numpy and pyautogui")
 
 
-def tagged_pids(tag: str = TAG) -> list[int]:
-    needle = f"{TAG_VAR}={tag}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(int(d))
-        except OSError:
-            continue
-    return out
-
-
 def kill_tagged(tag: str = TAG, timeout: float = 5.0) -> list[int]:
     """SIGTERM then SIGKILL every process carrying the tag; returns the survivors (should be [])."""
-    def living() -> list[int]:
-        return [p for p in tagged_pids(tag) if not _is_zombie(p)]
-
-    pids = tagged_pids(tag)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        with contextlib.suppress(WaitTimeout):  # SIGKILL next; after it, the survivors are returned
-            wait_until(lambda: not living(), timeout, "the tagged processes to exit", every=0.1)
-            return []
-        pids = living()
-    return living()
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    return kill_env_tagged(TAG_VAR, tag, timeout)
 
 
 def tagged_env(**extra: str) -> dict[str, str]:

@@ -17,7 +17,6 @@ import io
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -26,39 +25,15 @@ from typing import Any
 
 from drums_osworld.guest.client import ExecResult, GuestHTTPError, python_command
 
+from .envtag import kill_env_tagged
 from .wait import WaitTimeout, wait_until
 
 MARK = "DRUMS_LOCAL_GUEST"
 
 
-def _pids_with_token(token: str) -> list[int]:
-    needle = f"{MARK}={token}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
 def kill_token(token: str, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL, every process whose environment carries ``token``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _pids_with_token(token)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        with contextlib.suppress(WaitTimeout):  # the next signal (or the caller) deals with survivors
-            wait_until(lambda: not _pids_with_token(token), timeout, f"the processes of {token} to exit", every=0.2)
+    kill_env_tagged(MARK, token, timeout)
 
 
 def find_pyautogui_python(display: str) -> str:
