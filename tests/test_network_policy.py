@@ -52,6 +52,7 @@ from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.session.netpolicy import NetworkPolicy, parse_text
 from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 from tests.support.netstandin import StandIn, link_exists
+from drums_core.host.procs import is_alive
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -549,7 +550,8 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         rec = hostnet_record(up.ifname)
         assert set(rec["holders"]) == {drums.ping()["run"], info["run"]}, rec
         os.kill(info["pid"], 9)
-        wait_until(lambda: not os.path.exists(f"/proc/{info['pid']}"), 15, "the killed daemon to die")
+        # dead, not gone: the daemon is this process's child, a zombie until reaped
+        wait_until(lambda: not is_alive(info["pid"]), 15, "the killed daemon to die")
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1, report.to_dict()
         assert up.forwarding() == "1", "another run's session still uses the upstream"
@@ -567,7 +569,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         with pytest.raises(DrumsError) as err:
             faulty.create(nat(up.ifname))
         assert err.value.reason == "DAEMON_DIED", err.value
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 15, "the faulty daemon to die")
+        wait_until(lambda: not is_alive(pid), 15, "the faulty daemon to die")
         assert up.forwarding() == "1"
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1 and report.errors == 0, report.to_dict()

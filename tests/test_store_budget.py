@@ -25,7 +25,7 @@ import pytest
 
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, NotFound, Unavailable
-from drums_core.host.procs import boot_id
+from drums_core.host.procs import boot_id, is_alive
 from drums_core.store.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
 
@@ -393,7 +393,8 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         with pytest.raises(Unavailable) as exc:
             faulty.checkpoint(s["id"], name="needs-room")
         assert exc.value.reason == "DAEMON_DIED", exc.value
-        wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 15, f"daemon {pid} to die")
+        # dead, not gone: the daemon is this process's child, a zombie until reaped
+        wait_until(lambda: not is_alive(pid), 15, f"daemon {pid} to die")
         retired = inst.snapshots_dir / f".rm-{victim['id']}"
         assert retired.exists() and not (inst.snapshots_dir / victim["id"]).exists()
         if window == "purge-mid-delete":
