@@ -6,13 +6,12 @@ import os
 import subprocess
 import sys
 
-from tests.support.suite import DRUMS_CLI
+from tests.support.suite import DRUMS_CLI, instance_env
 from tests.support import REPO
 
 
 def drums(instance, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DRUMS_INSTANCE=instance.name, DRUMS_SLOT_BASE=str(instance.slot_base),
-               DRUMS_SLOT_COUNT=str(instance.slot_count), PYTHONPATH=str(REPO))
+    env = instance_env(instance)
     out = subprocess.run([*DRUMS_CLI, *args], capture_output=True, text=True, env=env,
                          timeout=300)
     if check:
@@ -193,8 +192,7 @@ def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
     inst = Instance(name=f"clipurge2-{os.getpid()}", slot_base=SPARE_SLOTS[11], slot_count=1)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE=inst.name, DRUMS_SLOT_BASE=str(inst.slot_base),
-                   DRUMS_SLOT_COUNT=str(inst.slot_count))
+        env = instance_env(inst)
         out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
                              env=env, timeout=300, cwd="/")
         assert out.returncode == 0, (args, out.stdout, out.stderr)

@@ -30,6 +30,7 @@ from drums_core.store.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotSt
 from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
 
 from tests.support.wait import wait_until
+from tests.support.suite import instance_env
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -274,8 +275,7 @@ def _clear(c) -> None:
 
 
 def _drums(inst: Instance, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     return subprocess.run([sys.executable, "-m", "drums_core.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=True)
 

@@ -33,6 +33,7 @@ from tests.support.slots import my_block
 from tests.support.wait import wait_until
 from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, daemon_env, force_clean,
                                   instance_footprint, sweep_cli, sweep_counts)
+from tests.support.suite import instance_env
 
 # the orphans part of this process's slot block (tests/support/slots.py) unless DRUMS_ORPHANS_SLOT_BASE says
 SLOT_BASE = int(os.environ.get("DRUMS_ORPHANS_SLOT_BASE") or my_block().orphans.start)
@@ -199,8 +200,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
     log = inst.log_file.read_text()
     assert all(f"adopted session {sid}" in log for sid in idle_inits), "adoption is logged"
 
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     ls = subprocess.run([sys.executable, "-m", "drums_core.cli", "--json", "ls"], capture_output=True, text=True,
                         env=env, timeout=60, cwd=str(REPO))
     assert ls.returncode == 0, ls.stderr

@@ -19,8 +19,9 @@ import pytest
 from drums_core.config import Instance
 
 
-from tests.support.osworldlib import REPO, OSWorld, watchdog_pids
+from tests.support.osworldlib import OSWorld, watchdog_pids
 from tests.support.wait import wait_until
+from tests.support.suite import instance_env
 
 BUDGET = "500m"  # the osworld image: init_state ~70 MiB, a LibreOffice task's post_setup ~300 MiB
 TASKS = [
@@ -101,8 +102,7 @@ def budget_osworld(osworld_venv):
 
 
 def _drums(inst: Instance, *argv: str) -> str:
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     return subprocess.run([sys.executable, "-m", "drums_core.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=True).stdout
 

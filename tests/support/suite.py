@@ -17,6 +17,7 @@ import pytest
 
 from drums_core.config import Instance
 
+from . import REPO
 from .slots import my_block
 
 BLOCK = my_block()
@@ -35,10 +36,11 @@ def require_root() -> None:
         pytest.fail("this test needs root (real namespaces, mounts, CRIU)")
 
 
-def instance_env(instance: Instance, **extra: str) -> dict[str, str]:
-    """``os.environ`` plus what names ``instance`` to a client or daemon started in a subprocess."""
+def instance_env(instance: Instance) -> dict[str, str]:
+    """The environment of ``drums`` (or a client) run in a subprocess against ``instance``, from this
+    checkout: ``os.environ`` plus the instance, its slots and ``PYTHONPATH``."""
     return {**os.environ, "DRUMS_INSTANCE": instance.name, "DRUMS_SLOT_BASE": str(instance.slot_base),
-            "DRUMS_SLOT_COUNT": str(instance.slot_count), **extra}
+            "DRUMS_SLOT_COUNT": str(instance.slot_count), "PYTHONPATH": str(REPO)}
 
 
 def stop_instance(instance: Instance) -> dict:
