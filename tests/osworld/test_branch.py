@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
 # The agent's long-lived process: seeded once; each time ~/go appears it appends its next draw.
@@ -42,8 +41,12 @@ SNIPPET = f'''
 
     def draw(e):
         guest_sh(e, "touch ~/go")
-        return wait_until(lambda: guest_sh(e, "test -e ~/go || tail -n 1 ~/draws").strip(), 30,
-                          "the agent's process to draw")
+        for _ in range(100):
+            out = guest_sh(e, "test -e ~/go || tail -n 1 ~/draws")
+            if out.strip():
+                return out.strip()
+            time.sleep(0.05)
+        raise RuntimeError("the agent's process did not draw")
 
     first_draw = draw(env)                      # the process runs before the state is saved
     env._save_state("mid")
