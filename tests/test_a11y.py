@@ -3,10 +3,10 @@
 ``GET /accessibility`` gives the tree in the form of OSWorld's Linux guest, and OSWorld's own code
 reads it: ``linearize_accessibility_tree`` (mm_agents), the ``check_accessibility_tree`` metric and
 the ``active_url_from_accessTree`` getter through a real ``PythonController``, all run in the
-OSWorld venv (tests/osworld_harness.py). On a Writer desktop the tree names the text typed into the
+OSWorld venv (tests/support/osworld_harness.py). On a Writer desktop the tree names the text typed into the
 document; on a Chromium desktop, the address bar and its URL; siblings restored from one checkpoint
 each keep their own accessibility bus and their own tree; a hostile application inside the desktop
-(tests/a11y_hostile.py: endless, deep, cyclic, XML-breaking, huge, lying and hung) cannot break or
+(tests/support/a11y_hostile.py: endless, deep, cyclic, XML-breaking, huge, lying and hung) cannot break or
 hang the guest: the reply is bounded, valid XML, and still has the real applications. The walk's
 latency on Writer and Chromium desktops is printed (not asserted).
 """
@@ -24,7 +24,8 @@ import requests
 from drums_osworld.desktop import GUEST_PORT, desktop_spec
 from drums_osworld.guest import a11y_atspi
 from drums_osworld.guest.client import GuestClient
-from osworld_harness import run_osworld
+from tests.support.osworld_harness import run_osworld
+from tests.support.wait import wait_until
 
 IMAGE = "osworld"
 NS = {
@@ -40,7 +41,7 @@ NS = {
 ST = "{%s}" % NS["st"]
 CP = "{%s}" % NS["cp"]
 WRITER = {"name": "writer", "argv": ["soffice", "--writer", "--norestore", "--nologo"]}
-HOSTILE = Path(__file__).resolve().parent / "a11y_hostile.py"
+HOSTILE = Path(__file__).resolve().parent / "support" / "a11y_hostile.py"
 COORD = re.compile(r"^\(-?\d+, -?\d+\)$")
 
 # OSWorld's linearizer, taken from the installed mm_agents/agent.py by its source (that module's
@@ -75,18 +76,27 @@ def _get_tree(session: dict, timeout: float = 120.0) -> dict:
     return body
 
 
+class _Unmet:
+    """A tree without what is awaited: false, and shows its applications and focused paragraph."""
+
+    def __init__(self, root: ET.Element):
+        self.root = root
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        apps = [(a.tag, a.get("name")) for a in self.root]
+        return f"applications: {apps}; focused paragraph: {_para_text(self.root)!r}"
+
+
 def _wait_tree(session: dict, pred, what: str, timeout: float = 90.0) -> tuple[dict, ET.Element]:
-    deadline = time.monotonic() + timeout
-    body, root = {}, None
-    while time.monotonic() < deadline:
+    def tree():
         body = _get_tree(session)
         root = ET.fromstring(body["AT"])
-        if pred(root):
-            return body, root
-        time.sleep(0.5)
-    apps = [(a.tag, a.get("name")) for a in root] if root is not None else None
-    para = _para_text(root) if root is not None else None
-    raise AssertionError(f"{what} never appeared in the tree; applications: {apps}; focused paragraph: {para!r}")
+        return (body, root) if pred(root) else _Unmet(root)
+
+    return wait_until(tree, timeout, f"{what} in the tree", every=0.5)
 
 
 def _focused_paragraph(root: ET.Element) -> ET.Element | None:
@@ -226,14 +236,11 @@ def test_gtk_apps_gimp_and_terminal(client):
                    "GIMP's frame", timeout=120)
         g.launch(["gnome-terminal"])
         _wait_tree(s, lambda r: r.find(".//terminal") is not None, "gnome-terminal's terminal", timeout=60)
-        deadline = time.monotonic() + 60
-        while g.terminal() is None:  # None until its window is active and its terminal focused
-            assert time.monotonic() < deadline, "gnome-terminal never had the focus"
-            time.sleep(0.5)
+        # /terminal is None until its window is active and its terminal focused
+        wait_until(lambda: g.terminal() is not None, 60, "gnome-terminal to have the focus", every=0.5)
         _type(g, "echo drums-$((6*7))\n")
-        while "drums-42" not in (g.terminal() or ""):
-            assert time.monotonic() < deadline, f"/terminal never showed the command's output: {g.terminal()!r}"
-            time.sleep(0.5)
+        wait_until(lambda: "drums-42" in (g.terminal() or ""), 60, "/terminal to show the command's output",
+                   every=0.5)
         body, root = _wait_tree(s, lambda r: True, "the tree")
         _check_form(body["AT"], root)
         names = [a.get("name") for a in root]
@@ -278,10 +285,8 @@ def test_hostile_app_cannot_break_the_tree(client, tmp_path):
         g.upload("/tmp/a11y_hostile.py", HOSTILE.read_bytes())
         for mode in ("frozen", "big"):
             g.launch(["python3", "/tmp/a11y_hostile.py", mode, f"/tmp/hostile-{mode}.ready"])
-        deadline = time.monotonic() + 60
-        while g.execute("ls /tmp/hostile-frozen.ready /tmp/hostile-big.ready", shell=True).returncode != 0:
-            assert time.monotonic() < deadline, "the hostile apps did not register"
-            time.sleep(0.2)
+        wait_until(lambda: g.execute("ls /tmp/hostile-frozen.ready /tmp/hostile-big.ready", shell=True).returncode == 0,
+                   60, "the hostile apps to register", every=0.2)
         t0 = time.monotonic()
         body = _get_tree(s, timeout=a11y_atspi.WALK_SECONDS + 60)  # answers; never hangs
         took = time.monotonic() - t0

@@ -33,6 +33,7 @@ from drums_core.errors import FailedPrecondition, InvalidArgument
 from drums_core.sweep.ledger import Entry, Ledger
 from drums_core.sweep import sweep
 from drums_core.sweep.parts import parts_of
+from tests.support.wait import wait_until
 
 REPO = str(Path(__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(180)
@@ -45,17 +46,6 @@ def _run_id(label: str) -> str:
 def _need_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("this test needs root: it makes real cgroups and moves real processes into them")
-
-
-def _wait(cond, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Host:
@@ -338,7 +328,7 @@ time.sleep(600)
 def test_a_fork_loop_stops_at_pids_max_and_the_host_stays_responsive(host, driver):
     cg = host.create(driver, _run_id("fork"), limits=Limits(pids_max=32))
     loop = host.spawn([sys.executable, "-c", FORK_LOOP], cg, stdout=subprocess.PIPE, text=True)
-    line = _wait(lambda: loop.stdout.readline(), "the fork loop to hit its limit", 30)
+    line = wait_until(lambda: loop.stdout.readline(), 30, "the fork loop to hit its limit")
     forks, err = line.split()
     assert err == "EAGAIN" and int(forks) == 31, line     # 32 tasks: the loop and its 31 children
     assert len(cg.pids()) == 32
@@ -417,7 +407,7 @@ def test_v2_code_path_on_the_hosts_cgroup2_mount(host):
         for d in (root, f"{root}/drums", f"{root}/drums/{run}"):
             assert set(have + extra) <= set(Path(d, "cgroup.subtree_control").read_text().split()), d
         tree = host.spawn(["sh", "-c", "sleep 600 & sleep 600 & wait"], cg)
-        _wait(lambda: len(cg.pids()) == 3, "sh and two sleeps in the v2 group")
+        wait_until(lambda: len(cg.pids()) == 3, 10, "sh and two sleeps in the v2 group")
         late = host.spawn(["sleep", "600"])
         cg.attach(late.pid)
         assert late.pid in cg.pids() and tree.pid in cg.pids()
@@ -474,7 +464,7 @@ class Crash:
         self.led.record("cgroup", self.cg.name, **self.cg.ledger_data())
         host.create(self.driver, self.run, "s1", Limits(memory_max=128 * MiB, pids_max=64))
         self.tree = host.spawn(["sh", "-c", "sleep 600 & sleep 600 & wait"], self.cg)
-        _wait(lambda: len(self.cg.pids()) == 3, "three processes in the dead run's group")
+        wait_until(lambda: len(self.cg.pids()) == 3, 10, "three processes in the dead run's group")
         self.members = self.cg.pids()
         self.decoy = host.spawn(["sleep", "600"])
         self.live_run = _run_id("live")
@@ -484,7 +474,7 @@ class Crash:
         self.live.record("cgroup", self.live_cg.name, **self.live_cg.ledger_data())
         host.create(self.driver, self.live_run, "s1")
         self.live_proc = host.spawn(["sleep", "600"], self.live_cg)
-        _wait(lambda: self.live_cg.pids() == [self.live_proc.pid], "the live run's process in its group")
+        wait_until(lambda: self.live_cg.pids() == [self.live_proc.pid], 10, "the live run's process in its group")
 
     def assert_gone(self) -> None:
         assert not any(procs.is_alive(pid) for pid in self.members), "a process of the dead run's group survived"

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import DRUMS_CLI, REPO
+from tests.support.suite import DRUMS_CLI, instance_env
+from tests.support import REPO
 
 
 def drums(instance, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DRUMS_INSTANCE=instance.name, DRUMS_SLOT_BASE=str(instance.slot_base),
-               DRUMS_SLOT_COUNT=str(instance.slot_count), PYTHONPATH=str(REPO))
+    env = instance_env(instance)
     out = subprocess.run([*DRUMS_CLI, *args], capture_output=True, text=True, env=env,
                          timeout=300)
     if check:
@@ -129,7 +129,7 @@ def test_shutdown_purge_leaves_nothing_of_the_instance(tmp_path):
     nothing under /run/drums, no mount, no process, link or table, and follows no link."""
     from drums_core.config import STATE_ROOT, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"clipurge-{os.getpid()}", slot_base=SPARE_SLOTS[10], slot_count=2)
@@ -186,14 +186,13 @@ def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
     leaves the sessions running, and a purge then sweeps them (no daemon to ask) and removes it all."""
     from drums_core.config import STATE_ROOT, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"clipurge2-{os.getpid()}", slot_base=SPARE_SLOTS[11], slot_count=1)
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONPATH=str(REPO), DRUMS_INSTANCE=inst.name, DRUMS_SLOT_BASE=str(inst.slot_base),
-                   DRUMS_SLOT_COUNT=str(inst.slot_count))
+        env = instance_env(inst)
         out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
                              env=env, timeout=300, cwd="/")
         assert out.returncode == 0, (args, out.stdout, out.stderr)
@@ -215,13 +214,3 @@ def test_shutdown_destroy_and_a_purge_after_the_daemon_is_gone():
         assert not any(v for k, v in leaks.items() if k != "probe_errors"), (sid, leaks)
     finally:
         stop_instance(inst)
-
-
-def test_doctor_runs_from_any_directory(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for args in (["doctor", "--json"], ["--json", "doctor"]):
-        out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
-                             env=env, timeout=300, cwd=str(tmp_path))
-        assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr
-        report = json.loads(out.stdout)
-        assert report["checks"] and report["ok"] is (out.returncode == 0)

@@ -183,7 +183,7 @@ def made(c):
 @pytest.fixture(scope="module")
 def drums(drums_instance):
     """A client of the suite's daemon for this module (the fresh/restored sessions here are shared)."""
-    from tests.conftest import module_client
+    from tests.support.suite import module_client
 
     with module_client(drums_instance, "containment tests") as c:
         yield c
@@ -763,7 +763,7 @@ def test_daemon_does_not_follow_a_planted_x_socket(drums, throwaway, listener):
         outcomes["restore"] = f"{exc.reason}: {exc}"
     finally:
         drums.delete_snapshot(snap["id"])
-    time.sleep(0.3)
+    time.sleep(0.3)  # an absence, nothing to wait on: a connection in flight would show by now
     assert listener.connections == 0, f"the daemon connected to a host socket the session pointed at: {outcomes}"
     assert stat.S_ISSOCK(os.lstat(listener.path).st_mode), f"the host socket {listener.path} was replaced"
     for name, outcome in outcomes.items():
@@ -787,7 +787,7 @@ def test_host_display_link_does_not_reach_a_host_socket(drums, throwaway, listen
         how = f"refused: {exc}"
     finally:
         client.close()
-    time.sleep(0.3)
+    time.sleep(0.3)  # an absence, nothing to wait on: a connection in flight would show by now
     assert listener.connections == 0, (
         f"an X client on the host following {link} reached the host socket "
         f"{listener.path} the session's root planted as /tmp/.X11-unix/X0 ({how})")

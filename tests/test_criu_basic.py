@@ -11,15 +11,17 @@ the engine's own modules.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.wait import WaitTimeout, wait_until
 
 CRIU_BIN = Path(os.environ.get("DRUMS_CRIU", "/opt/drums/criu/usr/sbin/criu"))
 PYTHON = "/usr/bin/python3"  # the host's; the session sees it through the overlay root
@@ -95,16 +97,6 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
 def _read_counts(path: Path) -> list[int]:
     try:
         text = path.read_text()
@@ -163,16 +155,14 @@ class Scratch:
                 os.waitpid(pid, 0)  # ours only when CRIU restored it as our child
             except ChildProcessError:
                 pass
-            deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            with contextlib.suppress(WaitTimeout):  # cleanup goes on to the unmounts either way, as before
+                wait_until(lambda pid=pid: not _alive(pid), 10, f"{pid} to exit")
         self.pids.clear()
         for target in reversed(self.mounted):
-            for _ in range(50):  # a dying namespace lets go of its root a moment later
-                if subprocess.run(["umount", str(target)], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.1)
-            else:
+            try:  # a dying namespace lets go of its root a moment later
+                wait_until(lambda target=target: subprocess.run(["umount", str(target)], capture_output=True)
+                           .returncode == 0, 5, f"{target} to unmount", every=0.1)
+            except WaitTimeout:
                 subprocess.run(["umount", "-l", str(target)], capture_output=True)
         self.mounted.clear()
         shutil.rmtree(self.base, ignore_errors=True)
@@ -226,7 +216,7 @@ def test_dump_and_restore_keeps_counting(scratch: Scratch) -> None:
         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     log.close()
     scratch.popens.append(launcher)
-    init = _wait_for(lambda: _children(launcher.pid)[:1], 10, "the namespace's init")[0]
+    init = wait_until(lambda: _children(launcher.pid)[:1], 10, "the namespace's init")[0]
     scratch.pids.append(init)
 
     counts = Path(f"/proc/{init}/root/tmp")
@@ -236,7 +226,7 @@ def test_dump_and_restore_keeps_counting(scratch: Scratch) -> None:
                         f"{(scratch.base / 'launch.log').read_text(errors='replace')}")
         return (len(_read_counts(counts / "init.count")) >= 20
                 and len(_read_counts(counts / "child.count")) >= 20)
-    _wait_for(ready, 20, "both counters to reach 20")
+    wait_until(ready, 20, "both counters to reach 20")
 
     ns = {k: os.readlink(f"/proc/{init}/ns/{k}") for k in ("pid", "mnt", "net", "uts", "ipc")}
     host_ns = {k: os.readlink(f"/proc/self/ns/{k}") for k in ns}
@@ -259,7 +249,7 @@ def test_dump_and_restore_keeps_counting(scratch: Scratch) -> None:
         os.close(images_fd)
 
     # The dump killed the tree; the launcher (outside the namespaces) then exits too.
-    _wait_for(lambda: not _alive(init), 10, "the dumped tree to go away")
+    wait_until(lambda: not _alive(init), 10, "the dumped tree to go away")
     launcher.wait(timeout=10)
     scratch.pids.remove(init)
 
@@ -287,7 +277,7 @@ def test_dump_and_restore_keeps_counting(scratch: Scratch) -> None:
 
     def advanced() -> bool:
         return all(len(_read_counts(counts / name)) >= n + 25 for name, n in dumped.items())
-    _wait_for(advanced, 20, "the restored counters to advance by 25")
+    wait_until(advanced, 20, "the restored counters to advance by 25")
 
     assert _alive(restored), "the restored init died"
     kids = _children(restored)

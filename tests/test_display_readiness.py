@@ -10,7 +10,7 @@ import pytest
 from Xlib import display as xdisplay
 
 from drums_core.session import display
-from tests.local_guest import LocalDesktop
+from tests.support.local_guest import LocalDesktop
 
 W, H = 640, 480
 

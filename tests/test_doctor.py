@@ -1,4 +1,8 @@
-"""`drums doctor` on this machine, and with the CRIU binary missing."""
+"""`drums doctor` on this machine, and with the CRIU binary missing.
+
+Every test that runs the doctor lives in this file: its checks make links and mounts on the host
+that the first test counts before and after, so the file runs on one pytest-xdist worker
+(``--dist loadfile``) and no other worker's doctor can run meanwhile."""
 from __future__ import annotations
 
 import json
@@ -90,3 +94,13 @@ def test_doctor_human_output_one_line_per_check() -> None:
         assert line.split(" ", 1)[0] in {"ok", "FAIL", "warn"}, line
     fail = [line for line in lines if line.startswith("FAIL criu-binary:")]
     assert fail and "/nonexistent/criu" in fail[0] and "(fix: " in fail[0]
+
+
+def test_doctor_runs_from_any_directory(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(CHECKOUT))
+    for args in (["doctor", "--json"], ["--json", "doctor"]):
+        out = subprocess.run([sys.executable, "-m", "drums_core.cli", *args], capture_output=True, text=True,
+                             env=env, timeout=300, cwd=str(tmp_path))
+        assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr
+        report = json.loads(out.stdout)
+        assert report["checks"] and report["ok"] is (out.returncode == 0)

@@ -12,6 +12,8 @@ import pytest
 from drums_core.errors import Internal, NotFound
 from drums_core.session.model import SETTLED_AGE
 
+from tests.support.wait import wait_until
+
 WRITER = {"programs": [{"name": "writer", "argv": ["libreoffice", "--writer", "--norestore", "--nologo"]}],
           "expect_window": "LibreOffice Writer", "ready_timeout": 120}
 
@@ -37,7 +39,7 @@ def writer_snapshot(drums_instance):
     """A cold Writer desktop with the seeded drawer running, checkpointed (the session is consumed)."""
     from drums_core.client import Client
 
-    from tests.conftest import SUITE_DAEMON_ENV
+    from tests.support.suite import SUITE_DAEMON_ENV
 
     c = Client(drums_instance, daemon_env=SUITE_DAEMON_ENV)
     s = c.create(WRITER)
@@ -154,17 +156,13 @@ def test_a_young_process_that_ends_after_restore_is_not_a_death(client):
 
 
 def test_liveness_kill_marks_broken_and_wait_live_rolls_back(client, writer_snapshot, drums_instance):
-    from tests.conftest import host_leaks
+    from tests.support.leaks import host_leaks
 
     (s,) = client.restore(writer_snapshot["id"])
     try:
         client.exec(s["id"], ["bash", "-c", "pkill -9 -f drawer.py"], user="root")
-        deadline = time.monotonic() + 15
+        wait_until(lambda: client.get(s["id"])["state"] == "BROKEN", 15, "the session to be BROKEN", every=0.2)
         info = client.get(s["id"])
-        while info["state"] != "BROKEN" and time.monotonic() < deadline:
-            time.sleep(0.2)
-            info = client.get(s["id"])
-        assert info["state"] == "BROKEN", info
         assert "python" in info["broken"], info["broken"]
         with pytest.raises(Internal) as exc:
             client.exec(s["id"], ["true"])
@@ -233,7 +231,7 @@ def test_rlimit_fsize_zero_threads_survive_ten_restores(client):
 
 
 def test_25_chained_cycles_return_mounts_and_links(client, drums_instance):
-    from tests.conftest import host_leaks, instance_links
+    from tests.support.leaks import host_leaks, instance_links
 
     base = host_leaks()
     s = client.create({"programs": [{"name": "xterm",
@@ -261,7 +259,7 @@ def test_25_chained_cycles_return_mounts_and_links(client, drums_instance):
 
 
 def test_sixteen_concurrent_restores(client, writer_snapshot, drums_instance):
-    from tests.conftest import host_leaks
+    from tests.support.leaks import host_leaks
 
     sibs = client.restore(writer_snapshot["id"], count=16)
     try:
@@ -272,7 +270,7 @@ def test_sixteen_concurrent_restores(client, writer_snapshot, drums_instance):
     finally:
         for s in sibs:
             client.destroy(s["id"])
-    from tests.conftest import instance_links
+    from tests.support.leaks import instance_links
 
     assert not instance_links(drums_instance)
     leaks = host_leaks()

@@ -1,6 +1,6 @@
 """Drums' setup, getters, metrics and evaluate() against OSWorld's own code, on the same inputs.
 
-OSWorld runs from the real ``desktop-env==1.0.2`` in the test venv of ``tests/osworld_harness.py``
+OSWorld runs from the real ``desktop-env==1.0.2`` in the test venv of ``tests/support/osworld_harness.py``
 (installed ``--no-deps``, heavy imports stubbed); Drums runs in this process. Compared:
 
 - every metric Drums implements, on many cases (text, CSV, hand-made and LibreOffice-made
@@ -13,7 +13,7 @@ OSWorld runs from the real ``desktop-env==1.0.2`` in the test venv of ``tests/os
   (before any action, after the wrong and the right solution, with ``FAIL``) and synthetic
   evaluators for the conj/list/postconfig/error rules.
 
-The guest is ``tests/local_guest.LocalGuestServer``: the guest server's HTTP API, run on this host
+The guest is ``tests/support/local_guest.LocalGuestServer``: the guest server's HTTP API, run on this host
 in a scratch ``HOME``.
 """
 from __future__ import annotations
@@ -32,17 +32,15 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "unit"))
+from tests.support.docfiles import docx_cases, odt_cases
+from tests.support.local_guest import LocalGuest, LocalGuestServer
+from tests.support.osworld_harness import ensure_osworld_venv, run_osworld
 
-from docfiles import docx_cases, odt_cases  # noqa: E402
-from local_guest import LocalGuest, LocalGuestServer  # noqa: E402
-from osworld_harness import ensure_osworld_venv, run_osworld  # noqa: E402
-
-from drums_osworld.evaluation import evaluate, run_setup  # noqa: E402
-from drums_osworld.evaluation.getters import EvalContext, get_cache_file, get_rule  # noqa: E402
-from drums_osworld.evaluation.metrics import METRICS  # noqa: E402
-from drums_osworld.guest.client import GuestClient  # noqa: E402
-from drums_osworld.tasks import list_tasks, load_task  # noqa: E402
+from drums_osworld.evaluation import evaluate, run_setup
+from drums_osworld.evaluation.getters import EvalContext, get_cache_file, get_rule
+from drums_osworld.evaluation.metrics import METRICS
+from drums_osworld.guest.client import GuestClient
+from drums_osworld.tasks import list_tasks, load_task
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,19 @@ snapshot, still fails the checkpoint with CRIU's reason while the session goes o
 from __future__ import annotations
 
 import hashlib
-import time
 
 import pytest
 
 from drums_core.session.criu import GHOST_LIMIT
 from drums_core.errors import Unavailable
 
+from tests.support.wait import wait_until
+
 # Writes a file of the given size, maps it, unlinks it, dirties its first bytes, then writes the
 # mapping's sha256 and a counter to /tmp/ghost.sum every 0.1 s (it stops if the mapping is lost).
 GHOST = r"""
 import hashlib, mmap, os, sys, time
+
 size = int(sys.argv[1])
 path = "/tmp/ghost"
 with open(path, "wb") as f:
@@ -59,17 +61,13 @@ def _read_sum(client, sid: str) -> tuple[str, int] | None:
 
 def _wait_counting(client, sid: str, timeout: float = 30.0) -> tuple[str, int]:
     """The program's digest once its counter has moved (it is running, the mapping readable)."""
-    deadline = time.monotonic() + timeout
-    first = None
-    while time.monotonic() < deadline:
+    first = wait_until(lambda: _read_sum(client, sid), timeout, f"the ghost program in {sid} to report", every=0.1)
+
+    def moved():
         got = _read_sum(client, sid)
-        if got is not None:
-            if first is None:
-                first = got
-            elif got[1] != first[1]:
-                return got
-        time.sleep(0.1)
-    raise AssertionError(f"the ghost program in {sid} is not counting (last: {first})")
+        return got if got is not None and got[1] != first[1] else None
+
+    return wait_until(moved, timeout, f"the ghost program in {sid} to count on from {first}", every=0.1)
 
 
 def _ghost_maps(client, sid: str) -> str:

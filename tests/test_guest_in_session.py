@@ -15,6 +15,8 @@ import requests
 
 from drums_osworld.desktop import GUEST_PORT, desktop_spec
 
+from tests.support.wait import wait_until
+
 
 def _png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -36,7 +38,9 @@ def test_checkpoint_with_open_connection_and_two_siblings(client):
 
     t = threading.Thread(target=in_flight)
     t.start()
-    time.sleep(0.5)
+    # the checkpoint is to catch the request in flight: its command runs in the session by then
+    wait_until(lambda: client.exec(s["id"], ["pgrep", "-f", "sleep 3; echo late"])["returncode"] == 0, 10,
+               "the slow request's command to run in the session", every=0.1)
     try:
         snap = client.checkpoint(s["id"])
     finally:

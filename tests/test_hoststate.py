@@ -19,7 +19,7 @@ from drums_core.config import Instance, display_number, host_ifname, nft_table_n
 from drums_core.host.hoststate import X11_DIR, instance_leaks
 from drums_core.host.procs import run_tag
 
-from tests.conftest import SPARE_SLOTS, require_root
+from tests.support.suite import SPARE_SLOTS, require_root
 
 EMPTY = {"processes": [], "mounts": [], "links": [], "nft": [], "x11links": [], "cgroups": [], "hostnet": [],
          "probe_errors": []}

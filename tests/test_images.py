@@ -28,6 +28,8 @@ from drums_core import config
 from drums_core.host import idshift, image_recipe, image_store, images
 from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
+from tests.support.wait import wait_until
+
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
@@ -330,10 +332,8 @@ def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
     assert not (config.IMAGE_STORE / image_name).exists()
     with pytest.raises(NotFound):
         images.get(image_name)
-    deadline = time.monotonic() + 10
-    while _leftovers(build_dirs) and time.monotonic() < deadline:  # SIGKILL delivery is asynchronous
-        time.sleep(0.2)
-    assert not _leftovers(build_dirs)
+    # SIGKILL delivery is asynchronous
+    wait_until(lambda: not _leftovers(build_dirs), 10, "the killed build's leftovers to go", every=0.2)
 
     spec = images.load_spec(_user_spec(tmp_path, image_name, commands=["true"]))
     m = images.build(spec)
@@ -368,10 +368,11 @@ def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swap
     worker = threading.Thread(target=rebuild)
     worker.start()
     try:
-        deadline = time.monotonic() + 600
-        while not any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(image_name)):
-            assert worker.is_alive() and time.monotonic() < deadline, f"the rebuild ended early: {errors}"
-            time.sleep(0.2)
+        def at_command() -> bool:
+            assert worker.is_alive(), f"the rebuild ended early: {errors}"
+            return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(image_name))
+
+        wait_until(at_command, 600, "the rebuild to reach its command", every=0.2)
         with _session_overlay(tmp_path, image_name):
             for d in image_store.stale_builds(image_name):
                 (d / "rootfs/tmp/session-started").touch()

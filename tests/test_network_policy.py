@@ -1,6 +1,6 @@
 """Network policy per session (``none``, ``nat``), against a stand-in upstream the test makes.
 
-The stand-in (:mod:`tests.netstandin`) is a host in a network namespace of this test: HTTP, DNS and a
+The stand-in (:mod:`tests.support.netstandin`) is a host in a network namespace of this test: HTTP, DNS and a
 UDP sink that log the source of everything they receive, behind a veth whose host end is the
 "upstream interface" (``dsu<pid>``). A second one (``dso<pid>``, routed for 198.51.100.0/24) is a
 decoy: a ``nat`` session must never reach it, the host routes to it through another interface.
@@ -50,8 +50,10 @@ import pytest
 from drums_core.config import ID_BASE, STATE_ROOT, Instance
 from drums_core.errors import DrumsError, FailedPrecondition, InvalidArgument
 from drums_core.session.netpolicy import NetworkPolicy, parse_text
-from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
-from tests.netstandin import StandIn, link_exists
+from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
+from tests.support.netstandin import StandIn, link_exists
+from drums_core.host.procs import is_alive
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,7 +221,7 @@ def other():
 
 @pytest.fixture(scope="module")
 def drums(drums_instance):
-    from tests.conftest import module_client
+    from tests.support.suite import module_client
 
     with module_client(drums_instance, "network tests", timeout=180) as c:
         yield c
@@ -359,9 +361,7 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
         pass
     with socket.create_connection((b["address"], 8000), timeout=5):
         pass
-    deadline = time.monotonic() + 5
-    while len(listeners.accepted) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: len(listeners.accepted) >= 3, 5, "three accepted connections")
     assert sorted(n for n, _ in listeners.accepted) == ["any", "any", "loopback"], listeners.accepted
     seen_by_host = len(listeners.accepted)
 
@@ -395,7 +395,7 @@ def test_nat_reaches_the_upstream_none_does_not_and_neither_reaches_the_host(dru
     assert {h["src"] for h in log["http"]} == {up.host_address}, "not masqueraded behind the upstream's address"
     assert {d["src"] for d in log["dns"]} == {up.host_address} and "web.standin.test" in [d["name"] for d in log["dns"]]
     assert other.log() == {"http": [], "dns": [], "udp": []}
-    time.sleep(0.5)  # an accept in flight would show now
+    time.sleep(0.5)  # an absence, nothing to wait on: an accept in flight would show by now
     assert listeners.accepted[seen_by_host:] == [], listeners.accepted
 
     drums.destroy(a["id"])
@@ -475,7 +475,7 @@ def test_session_root_cannot_route_spoof_or_readdress_its_way_out(drums, session
     new_http = [h["path"] for h in log["http"][len(before_log["http"]):]]
     assert new_http == [], new_http
     assert other.log() == {"http": [], "dns": [], "udp": []}
-    time.sleep(0.5)  # an accept in flight would show now
+    time.sleep(0.5)  # an absence, nothing to wait on: an accept in flight would show by now
     assert listeners.accepted == [], listeners.accepted
     # the victim still answers its host, and nothing of a's got to it
     with socket.create_connection((victim["address"], 8000), timeout=5):
@@ -550,9 +550,8 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         rec = hostnet_record(up.ifname)
         assert set(rec["holders"]) == {drums.ping()["run"], info["run"]}, rec
         os.kill(info["pid"], 9)
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{info['pid']}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # dead, not gone: the daemon is this process's child, a zombie until reaped
+        wait_until(lambda: not is_alive(info["pid"]), 15, "the killed daemon to die")
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1, report.to_dict()
         assert up.forwarding() == "1", "another run's session still uses the upstream"
@@ -570,9 +569,7 @@ def test_last_holder_puts_forwarding_back_also_after_a_crash(drums, sessions, up
         with pytest.raises(DrumsError) as err:
             faulty.create(nat(up.ifname))
         assert err.value.reason == "DAEMON_DIED", err.value
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not is_alive(pid), 15, "the faulty daemon to die")
         assert up.forwarding() == "1"
         report = sweep(inst.ledger_root)
         assert report.hostnet_released == 1 and report.errors == 0, report.to_dict()

@@ -8,13 +8,14 @@ VLC's web interface on 8080, a terminal on ctrl+alt+t, and the other application
 """
 from __future__ import annotations
 
-import time
 
 import pytest
 import requests
 
 from drums_osworld.desktop import desktop_spec
 from drums_osworld.guest.client import GuestClient
+
+from tests.support.wait import wait_until
 
 PLATFORM = "import pyautogui, platform; print(platform.system())"
 
@@ -51,19 +52,8 @@ def test_import_pyautogui_prints_nothing_fresh_and_restored(client):
 OSWORLD = "osworld"
 
 
-def _wait(what: str, probe, timeout: float = 60.0, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            got = probe()
-            if got:
-                return got
-            last = got
-        except (requests.RequestException, OSError) as exc:
-            last = exc
-        time.sleep(every)
-    raise AssertionError(f"{what} not within {timeout:.0f}s (last: {last!r})")
+# how these waits poll: a server or window still starting answers with an error, not yet with a value
+POLL = {"every": 0.3, "ignore": (requests.RequestException, OSError)}
 
 
 def _windows(g: GuestClient) -> str:
@@ -107,10 +97,10 @@ def test_chromium_devtools_on_9222_survives_checkpoint_and_restore(client, oswor
     g = _guest(s)
     g.launch(["google-chrome", "--remote-debugging-port=1337"])
     g.launch(["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"])
-    version = _wait("DevTools on 9222", lambda: requests.get(f"http://{s['address']}:9222/json/version",
-                                                             timeout=3).json())
+    version = wait_until(lambda: requests.get(f"http://{s['address']}:9222/json/version", timeout=3).json(), 60,
+                         "DevTools on 9222", **POLL)
     assert version["Browser"].startswith("Chrome/")
-    _wait("a Chromium window", lambda: "chromium" in _windows(g).lower())
+    wait_until(lambda: "chromium" in _windows(g).lower(), 60, "a Chromium window", **POLL)
     assert g.execute("test -d ~/.config/google-chrome/Default && echo yes", shell=True).output == "yes\n"
     snap = client.checkpoint(s["id"], leave_running=False)
     sibs = client.restore(snap["id"], count=2)
@@ -133,13 +123,13 @@ def test_vlc_web_interface_and_terminal_key(osworld_desktop):
     s = osworld_desktop
     g = _guest(s)
     g.launch("VLC_VERBOSE=-1 vlc --no-audio --no-video-title-show", shell=True)
-    status = _wait("VLC's web interface", lambda: requests.get(
-        f"http://{s['address']}:8080/requests/status.xml", auth=("", "password"), timeout=3))
+    status = wait_until(lambda: requests.get(f"http://{s['address']}:8080/requests/status.xml",
+                                             auth=("", "password"), timeout=3), 60, "VLC's web interface", **POLL)
     assert status.status_code == 200 and "<state>" in status.text
     assert requests.get(f"http://{s['address']}:8080/requests/status.xml", auth=("", "wrong"),
                         timeout=3).status_code == 401
     g.run_python("pyautogui.hotkey('ctrl', 'alt', 't')")
-    _wait("a terminal on ctrl+alt+t", lambda: "gnome-terminal" in _windows(g).lower())
+    wait_until(lambda: "gnome-terminal" in _windows(g).lower(), 60, "a terminal on ctrl+alt+t", **POLL)
 
 
 def test_desktop_applications_open_and_branch(client, osworld_desktop):
@@ -152,7 +142,7 @@ def test_desktop_applications_open_and_branch(client, osworld_desktop):
     # GIMP's splash window has its class too: wait for its main window
     expected = ("gnu image manipulation program", "thunderbird", "org.gnome.nautilus", "libreoffice-impress")
     for what in expected:
-        _wait(f"a {what} window", lambda what=what: what in _windows(g).lower(), timeout=120)
+        wait_until(lambda what=what: what in _windows(g).lower(), 120, f"a {what} window", **POLL)
     snap = client.checkpoint(s["id"], leave_running=False)
     (sib,) = client.restore(snap["id"], count=1, wait_live=True)
     try:

@@ -19,6 +19,8 @@ import pytest
 from drums_core.session import cgroups
 from drums_core.errors import FailedPrecondition, InvalidArgument
 
+from tests.support.wait import wait_until
+
 BARE: dict = {}
 MiB = 1 << 20
 
@@ -33,9 +35,7 @@ def test_memory_limit_kills_the_session_not_its_sibling(client):
     try:
         out = client.exec(a["id"], ["python3", "-c", "x = bytearray(600 << 20); print('survived', len(x))"])
         assert "survived" not in out["stdout"], out
-        deadline = time.monotonic() + 10
-        while client.get(a["id"])["state"] != "BROKEN" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: client.get(a["id"])["state"] == "BROKEN", 10, "the session to be BROKEN", every=0.1)
         broken = client.get(a["id"])
         assert broken["state"] == "BROKEN" and broken["broken"].startswith("OOM"), broken
         assert client.exec(b["id"], ["echo", "still here"])["stdout"] == "still here\n"

@@ -18,6 +18,8 @@ from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
+from tests.support.wait import wait_until
+
 XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "snapwin"]}],
          "expect_window": "snapwin"}
 
@@ -28,7 +30,7 @@ WINDOWS = ["checkpoint-before-staging", "checkpoint-mid-staging", "checkpoint-st
 @pytest.fixture(scope="module")
 def fault_instance():
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"snapfault-{os.getpid()}", slot_base=SPARE_SLOTS[0], slot_count=8)
@@ -41,10 +43,7 @@ def fault_instance():
 def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     from drums_core.session.processes import is_alive
 
-    deadline = time.monotonic() + timeout
-    while is_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not is_alive(pid), f"daemon {pid} did not die"
+    wait_until(lambda: not is_alive(pid), timeout, f"daemon {pid} to die", every=0.01)
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=[w or "control" for w in WINDOWS])
@@ -94,7 +93,7 @@ def test_client_timeout_mid_checkpoint_gets_the_one_snapshot(client, drums_insta
 
 
 def _no_session_resources(instance) -> None:
-    from tests.conftest import instance_links
+    from tests.support.leaks import instance_links
 
     mounts = [m for m in open("/proc/self/mountinfo").read().split("\n") if f"{instance.state_dir}/sessions" in m]
     assert not mounts, mounts

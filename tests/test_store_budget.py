@@ -25,9 +25,12 @@ import pytest
 
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition, NotFound, Unavailable
-from drums_core.host.procs import boot_id
+from drums_core.host.procs import boot_id, is_alive
 from drums_core.store.snapshots import LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
+
+from tests.support.wait import wait_until
+from tests.support.suite import instance_env
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -240,7 +243,7 @@ def test_spilled_snapshot_packs_from_disk(tmp_path):
 @pytest.fixture(scope="module")
 def budget_instance():
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"budget-{os.getpid()}", slot_base=SPARE_SLOTS[8], slot_count=8)
@@ -256,7 +259,7 @@ def _daemon(inst: Instance, **env: str):
     """A daemon of ``inst`` started with ``env`` (the one running is stopped first, its sessions destroyed)."""
     from drums_core.client import Client
 
-    from tests.conftest import SUITE_DAEMON_ENV
+    from tests.support.suite import SUITE_DAEMON_ENV
 
     Client(inst, autostart=False).shutdown(destroy_sessions=True)
     c = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_STORE_MEM_FLOOR": "0", "DRUMS_FAULT_AT": "", **env})
@@ -272,8 +275,7 @@ def _clear(c) -> None:
 
 
 def _drums(inst: Instance, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     return subprocess.run([sys.executable, "-m", "drums_core.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=True)
 
@@ -392,9 +394,8 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         with pytest.raises(Unavailable) as exc:
             faulty.checkpoint(s["id"], name="needs-room")
         assert exc.value.reason == "DAEMON_DIED", exc.value
-        deadline = time.monotonic() + 15
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # dead, not gone: the daemon is this process's child, a zombie until reaped
+        wait_until(lambda: not is_alive(pid), 15, f"daemon {pid} to die")
         retired = inst.snapshots_dir / f".rm-{victim['id']}"
         assert retired.exists() and not (inst.snapshots_dir / victim["id"]).exists()
         if window == "purge-mid-delete":

@@ -29,6 +29,8 @@ from drums_core.sweep.ledger import Ledger
 from drums_core.sweep import sweep
 from drums_core.sweep.hostops import FAULT_WINDOWS, nft_tables
 
+from tests.support.wait import wait_until
+
 REPO = str(Path(__file__).resolve().parents[1])
 
 
@@ -39,17 +41,6 @@ def _need_root():
     for tool in ("nft", "ip", "unshare", "mount"):
         if shutil.which(tool) is None:
             pytest.fail(f"tests/test_sweep.py needs {tool!r} on PATH")
-
-
-def _wait(cond, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _sh(*argv: str) -> None:
@@ -100,7 +91,7 @@ class World:
 
     def spawn_tagged(self, run: str, code: str = "import time; time.sleep(600)") -> subprocess.Popen:
         p = self.spawn([sys.executable, "-c", code, "--tag", procs.run_tag(run)])
-        _wait(lambda: procs.read_cmdline(p.pid)[-1:] == [procs.run_tag(run)], f"tagged {p.pid}")
+        wait_until(lambda: procs.read_cmdline(p.pid)[-1:] == [procs.run_tag(run)], 10, f"tagged {p.pid}")
         return p
 
     def spawn_criu(self, cwd: Path, fd_file: Path) -> subprocess.Popen:
@@ -108,7 +99,7 @@ class World:
         code = f"import os, time; fd = os.open({str(fd_file)!r}, os.O_CREAT | os.O_WRONLY); time.sleep(600)"
         p = self.spawn([str(self.base / "bin" / "criu"), "-c", code, "swrk", "3"], cwd=str(cwd),
                        env={"PATH": "/usr/bin:/bin", "PYTHONHOME": "/usr"})
-        _wait(lambda: str(fd_file) in procs.proc_paths(p.pid).fds, f"criu-like {p.pid} to open {fd_file}")
+        wait_until(lambda: str(fd_file) in procs.proc_paths(p.pid).fds, 10, f"criu-like {p.pid} to open {fd_file}")
         assert procs.read_stat(p.pid).comm == "criu"
         return p
 
@@ -116,8 +107,8 @@ class World:
         point.mkdir(parents=True, exist_ok=True)
         p = self.spawn(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                         f"mount -t tmpfs drums-swt-ns '{point}' && exec sleep 600"])
-        _wait(lambda: procs.read_stat(p.pid) and procs.read_stat(p.pid).comm == "sleep"
-              and _ns_has_mount(p.pid, str(point)), f"mount namespace holder {p.pid}")
+        wait_until(lambda: procs.read_stat(p.pid) and procs.read_stat(p.pid).comm == "sleep"
+                   and _ns_has_mount(p.pid, str(point)), 10, f"mount namespace holder {p.pid}")
         return p
 
     def key(self, p: subprocess.Popen | int) -> int:
@@ -155,8 +146,8 @@ class World:
         tree = self.spawn_tagged(self.run, "import os, subprocess, time\n"
                                            "if os.fork():\n    subprocess.Popen(['sleep', '600'])\n"
                                            "time.sleep(600)")
-        kids = _wait(lambda: len(procs.descendants(procs.scan_processes(), [tree.pid])) == 2 or None,
-                     "tagged tree")
+        kids = wait_until(lambda: len(procs.descendants(procs.scan_processes(), [tree.pid])) == 2 or None, 10,
+                          "tagged tree")
         assert kids
         start = procs.starttime(tree.pid)
         led.update("session", "s1", init_pid=tree.pid, starttime=start, state="RUNNING")
@@ -406,8 +397,8 @@ def test_real_criu_swrk_found_by_its_working_directory(world):
         decoy = world.spawn([criu_bin, "swrk", str(theirs.fileno())], pass_fds=(theirs.fileno(),), cwd=str(world.D10))
         theirs.close()
         for p in (swrk, decoy):
-            _wait(lambda p=p: procs.read_stat(p.pid) and procs.read_stat(p.pid).comm == "criu"
-                  and procs.read_cmdline(p.pid)[1:2] == ["swrk"], f"criu swrk {p.pid}")
+            wait_until(lambda p=p: procs.read_stat(p.pid) and procs.read_stat(p.pid).comm == "criu"
+                       and procs.read_cmdline(p.pid)[1:2] == ["swrk"], 10, f"criu swrk {p.pid}")
         assert procs.proc_paths(swrk.pid).cwd == str(work)
         report = sweep(world.ledger_root)
         assert {r.run: r for r in report.runs}[world.run].status == "swept"

@@ -2,7 +2,7 @@
 
 For each task: run its setup, score it (0.0), run its wrong solution if it has one (0.0); then
 on a fresh home run the setup again and its reference solution (1.0). The desktop is a private
-Xvfb + openbox on this host and the guest is ``tests/local_guest.LocalGuest`` (the guest server's
+Xvfb + openbox on this host and the guest is ``tests/support/local_guest.LocalGuest`` (the guest server's
 behaviour, run locally with ``HOME`` in a scratch directory), so this checks the tasks' logic and
 Drums' setup/evaluation code. The same tasks in real sessions are the live tests' job.
 
@@ -22,7 +22,7 @@ import pytest
 from drums_osworld.evaluation import evaluate, run_task_setup
 from drums_osworld.tasks import SPECIAL_ACTIONS, Task, list_tasks, load_task
 
-from local_guest import LocalDesktop, LocalGuest, find_pyautogui_python
+from tests.support.local_guest import LocalDesktop, LocalGuest, find_pyautogui_python
 
 TASK_FILES = list_tasks()
 

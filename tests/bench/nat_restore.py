@@ -1,8 +1,8 @@
 """Restore time of a ``nat`` snapshot against a ``none`` one, side by side in one run (not a test).
 
-    python tests/bench/nat_restore.py [--rounds 10] [--json]
+    python -m tests.bench.nat_restore [--rounds 10] [--json]     (from the checkout)
 
-On its own daemon instance and a stand-in upstream (tests/netstandin.py), it checkpoints a bare
+On its own daemon instance and a stand-in upstream (tests/support/netstandin.py), it checkpoints a bare
 ``none`` session and a bare ``nat`` one, then restores each ``--rounds`` times, alternating, and
 prints the median of the restore's ``ready`` time and of its network wiring (veth, addresses, and
 for ``nat`` the route, the session's chain and forwarding: ``timings["network"] - timings["criu"]``,
@@ -17,28 +17,23 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-for p in (str(REPO), str(REPO / "tests")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from drums_core.client import Client  # noqa: E402
-from drums_core.config import Instance  # noqa: E402
+from drums_core.client import Client
+from drums_core.config import Instance
 
 FETCH = "import urllib.request; urllib.request.urlopen('http://web.standin.test/', timeout=5).read()"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conftest import stop_instance
-    from netstandin import StandIn
+    from tests.support.suite import stop_instance
+    from tests.support.netstandin import StandIn
+    from tests.support.slots import my_block
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    inst = Instance(name=f"natbench-{os.getpid()}", slot_base=15900, slot_count=4)
+    inst = Instance(name=f"natbench-{os.getpid()}", slot_base=my_block().spare.start, slot_count=4)
     up = StandIn(f"dsb{os.getpid() % 100000}", 7, {"web.standin.test": "203.0.113.80",
                                                     "dns.standin.test": "203.0.113.53"}, name="bench").start()
     c = Client(inst, timeout=180)

@@ -2,25 +2,21 @@
 
 Smoke tests, not measurements: nothing here asserts a time (these machines are noisy; the suites
 report ratios measured side by side). Each suite runs on a daemon instance of its own
-(``benchtest-<pid>``, slots 400..499), which it starts and stops itself; every suite must leave
+(``benchtest-<pid>``, on the 100 bench slots of this test process's block: tests/support/slots.py),
+which it starts and stops itself; every suite must leave
 nothing of it on the host, put KSM's settings back, and count no failure.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-INSTANCE = f"benchtest-{os.getpid()}"
-SLOT_BASE = 400
+from tests.support.benchlib import INSTANCE, SLOT_BASE, assert_clean
+from tests.support.suite import require_root
+
 KSM_KEYS = ("run", "pages_to_scan", "sleep_millisecs")
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the bench needs root (real namespaces, mounts, CRIU)")
 
 
 def _ksm() -> dict:
@@ -48,14 +44,6 @@ def run_quick(suite: str, out: Path, capsys, extra: list[str] | None = None) -> 
     assert isinstance(res["summary"], dict) and res["summary"]
     assert res["plot"]["series"], "nothing to plot"
     return res
-
-
-def assert_clean(res: dict) -> None:
-    cleanups = res["cleanup"]
-    if "leaks" in cleanups:
-        cleanups = {"main": cleanups}
-    for name, c in cleanups.items():
-        assert c["leaked"] == 0, f"{name} left resources on the host: {c['leaks']}"
 
 
 def positive(values) -> bool:
@@ -193,7 +181,7 @@ def test_floor(out, capsys):
 
 
 def test_osworld(out, capsys, monkeypatch):
-    from osworld_harness import ensure_osworld_venv, stub_dir
+    from tests.support.osworld_harness import ensure_osworld_venv, stub_dir
 
     venv = ensure_osworld_venv()
     monkeypatch.setenv("DRUMS_OSWORLD_PYTHONPATH", str(stub_dir(venv)))

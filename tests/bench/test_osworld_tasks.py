@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from test_bench_smoke import INSTANCE, SLOT_BASE, assert_clean, require_root
-
-from tests.taskset import osworld_tasks_dir
+from tests.support.benchlib import INSTANCE, SLOT_BASE, assert_clean
+from tests.support.suite import require_root
+from tests.support.taskset import osworld_tasks_dir
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = osworld_tasks_dir()
@@ -29,7 +29,7 @@ def test_osworld_tasks_three(tmp_path, capsys):
     require_root()
     if not (TASKS / "examples").is_dir():
         pytest.fail(f"OSWorld's task set is missing at {TASKS}")
-    from osworld_harness import ensure_evaluators
+    from tests.support.osworld_harness import ensure_evaluators
 
     venv = ensure_evaluators()
     from drums_osworld.bench import main

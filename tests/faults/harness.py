@@ -21,7 +21,7 @@ For every window, on its own daemon instance (own state tmpfs, socket, slot rang
    store's windows (``evict``/``spill``) ``S1`` then checks the store that daemon recovered: every
    snapshot it serves verifies whole, nothing retired or half-swapped is left, the spill directory
    holds only what the store links, and the victim is whole or gone (gating for those windows);
-7. the instance is stopped and removed whatever happened (``tests.conftest.stop_instance``, then
+7. the instance is stopped and removed whatever happened (``tests.support.suite.stop_instance``, then
    anything still there is removed by force and reported in the row).
 
 One JSON row per window goes to the results file (``DRUMS_FW_RESULTS``, default
@@ -56,21 +56,18 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-for _p in (str(REPO), str(REPO / "tests")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from tests.support import REPO
+from tests.support.wait import WaitTimeout, wait_until
 
-from drums_core.host import mounttable, ownedpaths, procs  # noqa: E402
-from drums_core.client import Client  # noqa: E402
-from drums_core.config import STATE_ROOT, X11_DIR, Instance  # noqa: E402
-from drums_core.errors import DrumsError, Unavailable  # noqa: E402
-from drums_core.host.hoststate import ledger_claims, snapshot_host_state  # noqa: E402
-from drums_core.sweep.ledger import Ledger  # noqa: E402
+from drums_core.host import mounttable, ownedpaths, procs
+from drums_core.client import Client
+from drums_core.config import STATE_ROOT, X11_DIR, Instance
+from drums_core.errors import DrumsError, Unavailable
+from drums_core.host.hoststate import ledger_claims, snapshot_host_state
+from drums_core.sweep.ledger import Ledger
 
 DEFAULT_RESULTS = REPO / "results" / "fault-windows.jsonl"
 SLOTS_PER_WINDOW = 4
-DEFAULT_SLOT_BASE = 9100  # far from the ranges other instances on a shared host use
 CLIENT_TIMEOUT = 180.0  # no operation here takes minutes; a hung daemon must not hang the suite
 XTERM = {"programs": [{"name": "xterm", "argv": ["xterm", "-xrm", "*allowTitleOps: false", "-title", "fwin"]}],
          "expect_window": "fwin"}
@@ -182,7 +179,11 @@ def selected_windows(names: str | None = None) -> list[Window]:
 
 
 def _slot_base() -> int:
-    return int(os.environ.get("DRUMS_FW_SLOT_BASE", str(DEFAULT_SLOT_BASE)))
+    """The first slot of the windows: ``DRUMS_FW_SLOT_BASE``, else the fault-window part of this
+    process's slot block (tests/support/slots.py), which no other test process on the host uses."""
+    from tests.support.slots import my_block
+
+    return int(os.environ.get("DRUMS_FW_SLOT_BASE") or my_block().faults.start)
 
 
 def _criterion(ok: bool, detail=None) -> dict:
@@ -190,15 +191,6 @@ def _criterion(ok: bool, detail=None) -> dict:
     if detail:
         out["detail"] = detail
     return out
-
-
-def _wait(cond, timeout: float, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
 
 
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -312,7 +304,8 @@ def force_clean(inst: Instance, exclude_pids: set[int] = frozenset()) -> dict[st
             if procs.is_alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
     for pid, start, _ in found["processes"]:
-        _wait(lambda pid=pid, start=start: not procs.is_alive(pid, start), 5)
+        with contextlib.suppress(WaitTimeout):  # reported by the caller's footprint check
+            wait_until(lambda pid=pid, start=start: not procs.is_alive(pid, start), 5, f"{pid} to die")
     for m in found["mounts"]:  # deepest first
         with contextlib.suppress(OSError):
             mounttable.umount_detach(m)
@@ -345,9 +338,7 @@ class Decoys:
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", "--tag", self.tag],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      cwd="/")
-        ok = _wait(lambda: self.tag in procs.tags_of(procs.read_cmdline(self.proc.pid)), 10)
-        if not ok:
-            raise RuntimeError("decoy process did not start")
+        wait_until(lambda: self.tag in procs.tags_of(procs.read_cmdline(self.proc.pid)), 10, "the decoy process")
         self.start = procs.starttime(self.proc.pid)
         mount_at.mkdir(parents=True, exist_ok=True)
         out = _run(["mount", "-t", "tmpfs", "-o", "size=1m", "drums-fw-decoy", str(mount_at)])
@@ -402,8 +393,7 @@ def wait_crowd(client: Client, sid: str, timeout: float = 60.0) -> None:
     def ready() -> bool:
         return client.exec(sid, ["test", "-e", CROWD_READY], timeout=10)["returncode"] == 0
 
-    if not _wait(ready, timeout, 0.1):
-        raise RuntimeError(f"crowd session {sid} not ready in {timeout}s")
+    wait_until(ready, timeout, f"crowd session {sid} to be ready", every=0.1)
 
 
 def build_snapshot(inst: Instance, spec_name: str, spec: dict | None = None) -> dict:
@@ -415,7 +405,8 @@ def build_snapshot(inst: Instance, spec_name: str, spec: dict | None = None) -> 
         wait_crowd(healthy, s["id"])
     snap = healthy.checkpoint(s["id"])
     healthy.shutdown(destroy_sessions=True)
-    _wait(lambda: not procs.is_alive(info["pid"]), 30)
+    with contextlib.suppress(WaitTimeout):  # a daemon that outlives its shutdown shows in the window's checks
+        wait_until(lambda: not procs.is_alive(info["pid"]), 30, "the daemon to exit")
     return {"snapshot": snap["id"], "run": info["run"], "session": s["id"], "size": snap["size"]}
 
 
@@ -526,8 +517,8 @@ class WindowRun:
         w = self.w
         t = time.monotonic()
         spec = None
-        if w.spec == "nat":  # a stand-in upstream of its own (tests.netstandin), kept until the cleanup
-            from tests.netstandin import StandIn
+        if w.spec == "nat":  # a stand-in upstream of its own (tests.support.netstandin), kept until the cleanup
+            from tests.support.netstandin import StandIn
 
             self.standin = StandIn(f"dsf{os.getpid() % 100000}", 3, {"dns.fw.test": NAT_DNS},
                                    routed="203.0.113.128/25", name="fault-windows").start()
@@ -606,8 +597,9 @@ class WindowRun:
             self.criteria["F0"] = _criterion(False, f"window {w.daemon_fault} not reached: the operation "
                                                     f"completed (timings {str(timings)[:300]})")
             return False
-        gone = _wait(lambda: not procs.is_alive(pid), 15)
-        if not gone:
+        try:
+            wait_until(lambda: not procs.is_alive(pid), 15, f"daemon {pid} to die")
+        except WaitTimeout:
             self.criteria["F0"] = _criterion(False, f"daemon {pid} still alive 15 s after the connection died")
             return False
         self.criteria["F0"] = _criterion(True, f"daemon {pid} died at {w.daemon_fault}")
@@ -825,7 +817,8 @@ class WindowRun:
             rc = c.exec(r["id"], ["true"])["returncode"]
             c.destroy(r["id"])
             c.shutdown(destroy_sessions=True)
-            _wait(lambda: not procs.is_alive(pid), 30)
+            with contextlib.suppress(WaitTimeout):  # judged by the criteria that follow, as before
+                wait_until(lambda: not procs.is_alive(pid), 30, "the daemon to exit")
             ok = rc == 0 and not adopted
             return _criterion(ok, None if ok else {"exec_rc": rc, "sessions_at_start": adopted})
         except Exception as exc:  # noqa: BLE001 - reported in the row
@@ -859,7 +852,7 @@ class WindowRun:
 
     # -------------------------------------------------------------- cleanup
     def _cleanup(self) -> None:
-        from tests.conftest import stop_instance
+        from tests.support.suite import stop_instance
 
         errors = []
         self.decoys.close()

@@ -15,6 +15,7 @@ import pytest
 
 from tests.faults import harness
 from tests.faults.harness import TIMED_RE, WINDOW_NAMES, WINDOWS
+from tests.support.wait import wait_until
 
 # The list: restore before overlay; after overlay, CRIU not started; 30/80/150/250 ms after
 # CRIU started, the same with CRIU's top process killed first; CRIU returned, veth not addressed;
@@ -50,7 +51,7 @@ def test_unclean_host_makes_a_window_invalid_not_failed(tmp_path):
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--tag", tag],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
-        harness._wait(lambda: tag in harness.procs.tags_of(harness.procs.read_cmdline(stray.pid)), 10)
+        wait_until(lambda: tag in harness.procs.tags_of(harness.procs.read_cmdline(stray.pid)), 10, "the stray's tag")
         results = tmp_path / "rows.jsonl"
         window = WINDOWS[0]
         rows = harness.run_windows([window], results=results, echo=None)

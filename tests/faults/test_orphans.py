@@ -9,7 +9,7 @@
     sweeps the third.
 
 Each test runs on its own instance (own state dir, slots, nft table) and stops it in a finalizer,
-whatever happened (``tests.conftest.stop_instance``, then anything left is removed by force and
+whatever happened (``tests.support.suite.stop_instance``, then anything left is removed by force and
 the test fails on it).
 """
 from __future__ import annotations
@@ -29,16 +29,20 @@ from drums_core.client import Client
 from drums_core.config import X11_DIR, Instance, nft_table_name
 from drums_core.errors import Unavailable
 from drums_core.sweep.ledger import Ledger
-from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, _wait, daemon_env, force_clean,
+from tests.support.slots import my_block
+from tests.support.wait import wait_until
+from tests.faults.harness import (REPO, XTERM, Decoys, _links, _nft_names, daemon_env, force_clean,
                                   instance_footprint, sweep_cli, sweep_counts)
+from tests.support.suite import instance_env
 
-SLOT_BASE = int(os.environ.get("DRUMS_ORPHANS_SLOT_BASE", "9240"))
+# the orphans part of this process's slot block (tests/support/slots.py) unless DRUMS_ORPHANS_SLOT_BASE says
+SLOT_BASE = int(os.environ.get("DRUMS_ORPHANS_SLOT_BASE") or my_block().orphans.start)
 
 
 @pytest.fixture
 def instance(request):
     """A fresh instance per test, stopped and removed unconditionally."""
-    from tests.conftest import require_root, stop_instance
+    from tests.support.suite import require_root, stop_instance
 
     require_root()
     index = {"test_orphans_of_a_killed_daemon_are_reaped_exactly": 0}.get(request.node.name, 1)
@@ -67,7 +71,7 @@ def _snapshot_of_xterm(inst: Instance) -> tuple[str, str]:
     s = c.create(XTERM)
     snap = c.checkpoint(s["id"])
     c.shutdown(destroy_sessions=True)
-    assert _wait(lambda: not procs.is_alive(info["pid"]), 30)
+    wait_until(lambda: not procs.is_alive(info["pid"]), 30, "the stopped daemon to exit")
     assert Ledger.runs(inst.ledger_root) == [], "a cleanly stopped daemon leaves no ledger"
     return snap["id"], info["run"]
 
@@ -105,8 +109,8 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     # A cold session is handed back once its X server draws; its init goes on to start the session
     # bus after that. Every process the sweep must reap is there once the bus's socket is.
     # (the check runs inside the session: its /run/user is its own mount)
-    assert _wait(lambda: c.exec(cold["id"], ["test", "-S", "/run/user/1000/bus"])["returncode"] == 0, 20,
-                 step=0.2), "the cold session's D-Bus never started"
+    wait_until(lambda: c.exec(cold["id"], ["test", "-S", "/run/user/1000/bus"])["returncode"] == 0, 20,
+               "the cold session's D-Bus", every=0.2)
     held = _holdings(inst, sessions)
     table = nft_table_name(run)
     assert table in _nft_names()
@@ -115,7 +119,7 @@ def test_orphans_of_a_killed_daemon_are_reaped_exactly(instance):
     held = _holdings(inst, sessions)  # again, right before the kill: the process set is settled
 
     os.kill(info["pid"], signal.SIGKILL)
-    assert _wait(lambda: not procs.is_alive(info["pid"]), 15), "daemon did not die"
+    wait_until(lambda: not procs.is_alive(info["pid"]), 15, "the killed daemon to die")
     assert all(procs.is_alive(*k) for k in held["processes"]), "sessions must outlive their daemon"
 
     res = sweep_cli(inst.ledger_root)
@@ -160,7 +164,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
     with pytest.raises(Unavailable) as exc:
         faulty.restore(snap)
     assert exc.value.reason == "DAEMON_DIED"
-    assert _wait(lambda: not procs.is_alive(info["pid"]), 15), "daemon did not die"
+    wait_until(lambda: not procs.is_alive(info["pid"]), 15, "the killed daemon to die")
     old = Ledger(inst.ledger_root, info["run"])
     in_flight = [e for e in old.entries("session") if e.data["state"] == "RESTORING"]
     assert len(in_flight) == 1, [(e.key, e.data["state"]) for e in old.entries("session")]
@@ -196,8 +200,7 @@ def test_restart_recovery_adopts_idle_sessions_and_sweeps_the_restore_in_flight(
     log = inst.log_file.read_text()
     assert all(f"adopted session {sid}" in log for sid in idle_inits), "adoption is logged"
 
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     ls = subprocess.run([sys.executable, "-m", "drums_core.cli", "--json", "ls"], capture_output=True, text=True,
                         env=env, timeout=60, cwd=str(REPO))
     assert ls.returncode == 0, ls.stderr

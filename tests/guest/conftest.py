@@ -1,15 +1,12 @@
-"""Fixtures for the guest server tests (the helpers live in guestlib.py)."""
+"""Fixtures for the guest server tests (the helpers live in tests/support/guestlib.py)."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from guestlib import GuestServer, XServer, kill_tagged  # noqa: E402
+from tests.support.guestlib import GuestServer, XServer, kill_tagged
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from guestlib import REPO
+from tests.support.guestlib import REPO
 
 
 def test_bench_prints_round_trips(guest):

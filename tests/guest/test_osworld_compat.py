@@ -1,7 +1,7 @@
 """OSWorld's own client code (desktop-env 1.0.2) driving the guest server.
 
 ``PythonController``, ``SetupController`` and the evaluator getters run unmodified in the test-only
-venv of ``tests/osworld_harness.py`` (heavy optional imports stubbed) and talk to the server on
+venv of ``tests/support/osworld_harness.py`` (heavy optional imports stubbed) and talk to the server on
 127.0.0.1. Nothing here reaches beyond loopback: the one ``download`` step is served from OSWorld's
 own host-side cache, the way a pre-seeded cache works offline.
 """
@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from osworld_harness import ensure_osworld_venv, run_osworld
+from tests.support.osworld_harness import ensure_osworld_venv, run_osworld
 
 PRELUDE = """
 import io, json, logging, os, sys, time, types, uuid

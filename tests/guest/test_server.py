@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import requests
-from guestlib import SCREEN, GuestServer
+from tests.support.guestlib import SCREEN, GuestServer
+from tests.support.wait import WaitTimeout, wait_until
 from PIL import Image, ImageChops
 
 ST = "{https://accessibility.ubuntu.example.org/ns/state}"
@@ -221,9 +222,7 @@ def test_launch(guest):
                                           "shell": True})
     assert r.status_code == 200 and time.monotonic() - t0 < 1.0
     assert r.text == "sleep 1; echo launched > ~/launched.txt; sleep 20 launched successfully"
-    deadline = time.monotonic() + 10
-    while not marker.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(marker.exists, 10, "the launched command's marker", every=0.1)
     assert marker.read_text() == "launched\n"
     assert_json_error(guest.post("/setup/launch", json={"command": ["/no/such/app-drums"]}), 500)
     assert_json_error(guest.post("/setup/launch", json={"command": ""}), 400)
@@ -359,10 +358,10 @@ def _active(guest) -> str | None:
 
 
 def _wait_active(guest, title: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while _active(guest) != title and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _active(guest) == title, guest.windows()
+    try:
+        wait_until(lambda: _active(guest) == title, timeout, f"{title!r} to be active", every=0.1)
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}; windows: {guest.windows()}") from None
 
 
 def test_activate_window(guest, two_xterms):

@@ -7,7 +7,8 @@ command that merely exits non-zero is not.
 """
 from __future__ import annotations
 
-import time
+
+from tests.support.wait import wait_until
 
 
 def _read(guest, **params) -> dict:
@@ -36,7 +37,10 @@ def test_failures_are_recorded_per_step(guest):
     for i, (stype, body) in enumerate(steps):
         assert guest.post("/drums/setup_log/step", json={"index": i, "type": stype}).status_code == 200
         guest.post(f"/setup/{stype}", json=body)
-    time.sleep(0.5)  # the shell launch exits right away; give it the time to
+    # the shell launch (step 1) exits right away; its exit status is logged when the guest sees it exit
+    wait_until(lambda: any(e["step"]["index"] == 1 and e.get("exit_status") is not None
+                           for e in _read(guest)["entries"]), 10, "the shell launch's exit status in the setup log",
+               every=0.1)
     log = _read(guest)
     assert log["label"] == "reset"
     entries = log["entries"]

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from guestlib import GuestServer
+from tests.support.guestlib import GuestServer
 from PIL import Image
 
 from drums_osworld.guest import a11y, a11y_atspi, a11y_xml

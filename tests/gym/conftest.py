@@ -1,12 +1,9 @@
-"""Fixtures for the gymnasium env, rollouts and demo tests (helpers in gymlib.py)."""
+"""Fixtures for the gymnasium env, rollouts and demo tests (helpers in tests/support/gymlib.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture
@@ -15,7 +12,7 @@ def instance_env(drums_instance, monkeypatch):
     monkeypatch.setenv("DRUMS_INSTANCE", drums_instance.name)
     monkeypatch.setenv("DRUMS_SLOT_BASE", str(drums_instance.slot_base))
     monkeypatch.setenv("DRUMS_SLOT_COUNT", str(drums_instance.slot_count))
-    from tests.conftest import SUITE_DAEMON_ENV
+    from tests.support.suite import SUITE_DAEMON_ENV
 
     for key, value in SUITE_DAEMON_ENV.items():  # a daemon this code starts is the suite's kind
         monkeypatch.setenv(key, value)

@@ -19,7 +19,7 @@ import pytest
 from drums_osworld.gym.env import DrumsDesktopEnv
 from drums_osworld.tasks import tasks_dir
 
-from gymlib import snapshot_ids
+from tests.support.gymlib import snapshot_ids
 
 WRITER_TASK = tasks_dir() / "libreoffice_writer" / "drums-writer-type-and-save.json"
 PORT = 7719

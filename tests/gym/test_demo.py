@@ -19,7 +19,7 @@ from drums_core.client import Client
 from drums_core.config import Instance
 from drums_core.host.hoststate import instance_leaks
 
-from tests.conftest import SPARE_SLOTS
+from tests.support.suite import SPARE_SLOTS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory
 from drums_osworld.gym.env import ENV_ID, DrumsDesktopEnv, UnicodeText, fix_pyautogui_less_than
 from drums_osworld.tasks import list_tasks, load_task, tasks_dir
 
-from gymlib import run_parallel, run_script, snapshot_ids
+from tests.support.gymlib import run_parallel, run_script, snapshot_ids
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = list_tasks()
@@ -118,7 +118,7 @@ def test_env_pickles_as_its_arguments_and_closes_idempotently() -> None:
 
 
 def test_less_than_fix_matches_osworld() -> None:
-    from osworld_harness import run_osworld
+    from tests.support.osworld_harness import run_osworld
 
     cases = ["pyautogui.press('<')", 'pyautogui.press("<")', "pyautogui.press('\\u003c')",
              "pyautogui.typewrite('a<b<c')", 'pyautogui.typewrite("<html>")', "pyautogui.typewrite('no less')",

@@ -16,9 +16,9 @@ import pytest
 from drums_core.client import Client
 from drums_osworld.apps.rollouts import load_scripts, run_rollouts
 from drums_osworld.tasks import load_task, tasks_dir
-from tests.conftest import DRUMS_CLI
+from tests.support.suite import DRUMS_CLI
 
-from gymlib import run_script, snapshot_ids
+from tests.support.gymlib import run_script, snapshot_ids
 
 REPO = Path(__file__).resolve().parents[2]
 WRITER_TASK = tasks_dir() / "libreoffice_writer" / "drums-writer-type-and-save.json"
@@ -50,7 +50,7 @@ def saved_state(client: Client, task_path: Path, actions: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def module_client(drums_instance):
-    from tests.conftest import SUITE_DAEMON_ENV
+    from tests.support.suite import SUITE_DAEMON_ENV
 
     return Client(drums_instance, daemon_env=SUITE_DAEMON_ENV)
 

@@ -1,10 +1,10 @@
 """Fixtures for the OSWorld provider and snapshot-bridge tests.
 
-The real ``desktop-env==1.0.2`` runs in its own venv (``tests/osworld_harness.py``), so every test
+The real ``desktop-env==1.0.2`` runs in its own venv (``tests/support/osworld_harness.py``), so every test
 drives ``DesktopEnv`` in a subprocess of that venv, with this repository importable and the suite's
 daemon instance in its environment (``DRUMS_INSTANCE`` and its slot range). Nothing of Drums or
 OSWorld is mocked: real daemon, real CRIU, real guest server, OSWorld's own controllers and
-evaluators. The helpers live in osworldlib.py.
+evaluators. The helpers live in tests/support/osworldlib.py.
 
 After each test: no session left (the suite's ``client`` fixture), no lease file or watchdog left,
 and every snapshot the test made deleted (``init_state`` of each image is kept for the suite: it is
@@ -12,17 +12,16 @@ shared by design).
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from osworldlib import OSWorld, _venv, watchdog_pids  # noqa: E402
+from tests.support.osworldlib import OSWorld, _venv, watchdog_pids
+from tests.support.wait import WaitTimeout, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -37,9 +36,8 @@ def osworld(osworld_venv, drums_instance, client) -> Iterator[OSWorld]:
     before = {s["id"] for s in client.snapshots()}
     ow = OSWorld(osworld_venv, drums_instance)
     yield ow
-    deadline = time.monotonic() + 15
-    while watchdog_pids(drums_instance) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(WaitTimeout):  # reported below, after the clean-up
+        wait_until(lambda: not watchdog_pids(drums_instance), 15, "the lease watchdogs to exit", every=0.2)
     leftover_watchdogs = watchdog_pids(drums_instance)
     leftover_leases = ow.lease_files()
     made = [s for s in client.snapshots() if s["id"] not in before and s.get("name") != "init_state"]

@@ -2,7 +2,7 @@
 
 The policy comes from the provider options (``provider_options(network=...)`` around the
 ``DesktopEnv`` constructor) or from ``$DRUMS_NETWORK``; the desktop then reaches the stand-in
-upstream of :mod:`tests.netstandin` (a host in a network namespace this test makes), through the
+upstream of :mod:`tests.support.netstandin` (a host in a network namespace this test makes), through the
 guest server as OSWorld's own controllers would run a command. A bad policy fails the constructor
 with ``BAD_NETWORK``. The ``nat`` desktops have an ``init_state`` of their own (the policy is part
 of the desktop spec): the ``none`` one is not reused for them.
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from tests.netstandin import StandIn
+from tests.support.netstandin import StandIn
 
 DNS, WEB = "203.0.113.53", "203.0.113.80"
 FETCH = ("python3 -c \"import urllib.request; "

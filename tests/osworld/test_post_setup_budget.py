@@ -12,16 +12,16 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from drums_core.config import Instance
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from osworldlib import REPO, OSWorld, watchdog_pids  # noqa: E402
+from tests.support.osworldlib import OSWorld, watchdog_pids
+from tests.support.wait import wait_until
+from tests.support.suite import instance_env
 
 BUDGET = "500m"  # the osworld image: init_state ~70 MiB, a LibreOffice task's post_setup ~300 MiB
 TASKS = [
@@ -75,7 +75,7 @@ def budget_osworld(osworld_venv):
     from drums_core.client import Client
     from drums_core.host.hoststate import instance_leaks
 
-    from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
+    from tests.support.suite import SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
     inst = Instance(name=f"osbudget-{os.getpid()}", slot_base=SPARE_SLOTS[8], slot_count=8)
@@ -86,10 +86,7 @@ def budget_osworld(osworld_venv):
     ow = OSWorld(osworld_venv, inst)
     try:
         yield ow, client
-        deadline = time.monotonic() + 15
-        while watchdog_pids(inst) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not watchdog_pids(inst), "lease watchdogs still running"
+        wait_until(lambda: not watchdog_pids(inst), 15, "the lease watchdogs to exit", every=0.2)
         assert not ow.lease_files(), f"lease files left behind: {ow.lease_files()}"
         assert client.list() == [], f"sessions left behind: {client.list()}"
     finally:
@@ -105,8 +102,7 @@ def budget_osworld(osworld_venv):
 
 
 def _drums(inst: Instance, *argv: str) -> str:
-    env = {**os.environ, "DRUMS_INSTANCE": inst.name, "DRUMS_SLOT_BASE": str(inst.slot_base),
-           "DRUMS_SLOT_COUNT": str(inst.slot_count), "PYTHONPATH": str(REPO)}
+    env = instance_env(inst)
     return subprocess.run([sys.executable, "-m", "drums_core.cli", *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=True).stdout
 

@@ -6,6 +6,7 @@ Each test names the acceptance item of issue 7 it shows.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,8 @@ import time
 
 import pytest
 
-from osworldlib import REPO, watchdog_pids
+from tests.support.osworldlib import REPO, watchdog_pids
+from tests.support.wait import WaitTimeout, wait_until
 
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
@@ -186,25 +188,19 @@ KEEP_ALIVE = f'''
 
 def _start_holder(osworld) -> tuple[subprocess.Popen, list[str]]:
     proc = osworld.popen(KEEP_ALIVE)
-    deadline = time.monotonic() + 300
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("READY ") or (not line and proc.poll() is not None):
-            break
+    lines = [""]
+
+    def ready_or_gone() -> bool:  # readline blocks until a line (or the end of the output)
+        lines.append(proc.stdout.readline())
+        return lines[-1].startswith("READY ") or (not lines[-1] and proc.poll() is not None)
+
+    with contextlib.suppress(WaitTimeout):  # judged just below
+        wait_until(ready_or_gone, 300, "the DesktopEnv process's READY line", every=0)
+    line = lines[-1]
     if not line.startswith("READY "):
         proc.kill()
         pytest.fail(f"the DesktopEnv process did not get ready: {line!r} {proc.stderr.read()[-3000:]}")
     return proc, json.loads(line.split(" ", 1)[1])
-
-
-def _wait_until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - t0
 
 
 def _private_snapshots(client) -> list[dict]:
@@ -222,11 +218,13 @@ def test_killed_desktopenv_sessions_are_reclaimed(osworld, client, drums_instanc
     assert len(_private_snapshots(client)) == 1
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    took = _wait_until(lambda: not ({s["id"] for s in client.list()} & set(sessions)), 60,
-                       "the watchdog to reclaim the killed process's sessions")
+    t0 = time.monotonic()
+    wait_until(lambda: not ({s["id"] for s in client.list()} & set(sessions)), 60,
+               "the watchdog to reclaim the killed process's sessions", every=0.1)
+    took = time.monotonic() - t0
     print(f"watchdog reclaimed {len(sessions)} sessions {took:.2f}s after the SIGKILL")
-    _wait_until(lambda: not _private_snapshots(client) and not osworld.lease_files(), 30,
-                "the private snapshot and the leases to go")
+    wait_until(lambda: not _private_snapshots(client) and not osworld.lease_files(), 30,
+               "the private snapshot and the leases to go", every=0.1)
 
     # 2. Owner and watchdog both die: the sessions stay until the sweep reclaims them.
     proc, sessions = _start_holder(osworld)
@@ -236,7 +234,7 @@ def test_killed_desktopenv_sessions_are_reclaimed(osworld, client, drums_instanc
     os.kill(dogs[0], signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    time.sleep(2)
+    time.sleep(2)  # an absence, nothing to wait on: a reclaim that should not happen would show by now
     assert set(sessions) <= {s["id"] for s in client.list()}, "nothing should have reclaimed them yet"
     assert len(osworld.lease_files()) == 6  # 3 sessions + the private snapshot, held by each of the 3 envs
     out = subprocess.run([str(osworld.venv / "bin/python"), "-m", "drums_osworld.provider.leases", "--reap",
@@ -398,7 +396,7 @@ def test_daemon_autostarts_from_the_osworld_interpreter(osworld, drums_instance)
     from drums_core.client import Client
     from drums_core.config import VENV, Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, stop_instance
+    from tests.support.suite import SPARE_SLOTS, stop_instance
 
     # A second instance on spare slots of this run's range (the fault-window daemon uses the first 8).
     inst = Instance(name=f"{drums_instance.name}-auto", slot_base=SPARE_SLOTS[12], slot_count=2)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from solutionlib import IMAGE, OSWORLD_TASKS, all_solutions, chrome_getter_tasks, offline_catalog, score_snippet
+from tests.support.solutionlib import (IMAGE, OSWORLD_TASKS, all_solutions, chrome_getter_tasks, offline_catalog,
+                                       score_snippet)
 
 SOLUTIONS = all_solutions()
 IMPRESS_OFFLINE = {"2cd43775-7085-45d8-89fa-9e35c0a915cf", "ef9d12bd-bcee-4ba0-a40e-918400f43ddf"}
@@ -41,7 +42,7 @@ def osworld_image(osworld_venv) -> str:
     every getter and metric these tasks reach is the real one)."""
     from drums_core.host import images
     from drums_core.errors import DrumsError
-    from osworld_harness import ensure_evaluators
+    from tests.support.osworld_harness import ensure_evaluators
 
     try:
         ensure_evaluators(osworld_venv)

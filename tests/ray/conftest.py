@@ -15,13 +15,10 @@ fail with the reason, they do not skip.
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from raylib import require_ray  # noqa: E402
+from tests.support.raylib import require_ray
 
 
 def _ray_processes(session_dir: str | None) -> list[str]:
@@ -35,7 +32,7 @@ def _ray_processes(session_dir: str | None) -> list[str]:
 def ray_cluster():
     """(LocalCluster, DrumsPool, {"a": Instance, "b": Instance}) for the module."""
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import SPARE_SLOTS, SUITE_DAEMON_ENV, INSTANCE, require_root, stop_instance
+    from tests.support.suite import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
     require_ray()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from raylib import require_ray
+from tests.support.raylib import require_ray
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(900)
 def test_cluster_bench_quick_runs_clean(tmp_path):
     from drums_osworld.bench import report
     from drums_osworld.bench.cluster import run_cluster
-    from tests.conftest import INSTANCE, SPARE_SLOTS, require_root
+    from tests.support.suite import INSTANCE, SPARE_SLOTS, require_root
 
     require_root()
     require_ray()

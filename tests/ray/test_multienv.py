@@ -4,27 +4,26 @@ The real script is not in the desktop-env wheel; the stand-in is the provider te
 (tests/osworld/test_provider.py: run_multienv's argparse choices for ``--provider_name``, its
 DesktopEnv call, one DesktopEnv per worker process, tasks from a queue), extended here to report
 each task's desktop. It runs through ``python -m drums_osworld.apps.run`` with the real desktop-env
-1.0.2 (tests/osworld_harness.py) against the suite's daemon, with the default reuse mode
+1.0.2 (tests/support/osworld_harness.py) against the suite's daemon, with the default reuse mode
 (``none``): 4 tasks from ``tasks/``, each scored 0 before and 1 after its solution, each on a
 desktop of its own, no desktop shared between the workers, nothing left afterwards.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.wait import WaitTimeout, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 OSW = REPO / "tests" / "osworld"
-
-if str(OSW) not in sys.path:
-    sys.path.insert(0, str(OSW))
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -37,7 +36,7 @@ def _stand_in() -> str:
 
 
 def test_run_multienv_two_workers_four_tasks(drums_instance, client):
-    from osworldlib import OSWorld, _venv, watchdog_pids
+    from tests.support.osworldlib import OSWorld, _venv, watchdog_pids
 
     runner = _stand_in()
     mine = runner.replace("env.provider.reuse_mode])", "env.provider.reuse_mode, env.provider.desktop.id])")
@@ -65,9 +64,8 @@ def test_run_multienv_two_workers_four_tasks(drums_instance, client):
         assert 1 <= len(by_worker) <= 2, by_worker
         assert client.list() == []
     finally:
-        deadline = time.monotonic() + 15
-        while watchdog_pids(drums_instance) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(WaitTimeout):  # reported below, after the clean-up
+            wait_until(lambda: not watchdog_pids(drums_instance), 15, "the lease watchdogs to exit", every=0.2)
         leftover_watchdogs = watchdog_pids(drums_instance)
         leftover_leases = ow.lease_files()
         made = [s for s in client.snapshots() if s["id"] not in before and s.get("name") != "init_state"]

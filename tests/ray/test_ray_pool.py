@@ -12,6 +12,7 @@ Nothing is mocked: real Ray actors, real daemons, CRIU, guest servers and the ta
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,8 @@ import time
 
 import pytest
 
-from raylib import TASK, node_leftovers
+from tests.support.raylib import TASK, node_leftovers
+from tests.support.wait import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -126,18 +128,16 @@ def test_map_rollouts_across_both_nodes(ray_cluster):
 
 def _kill_when_restoring(inst, pid: int, known: set[str], fired: dict, timeout: float = 120.0) -> None:
     """SIGKILL the daemon ``pid`` as soon as a new session directory appears under ``inst`` (mid-restore)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def new_sessions() -> list[str]:
         try:
-            now = set(os.listdir(inst.sessions_dir))
+            return sorted(set(os.listdir(inst.sessions_dir)) - known)
         except FileNotFoundError:
-            now = set()
-        new = now - known
-        if new:
-            os.kill(pid, signal.SIGKILL)
-            fired.update(at=time.monotonic(), sessions=sorted(new))
-            return
-        time.sleep(0.005)
+            return []
+
+    with contextlib.suppress(WaitTimeout):  # the test checks that it fired
+        new = wait_until(new_sessions, timeout, "a new session directory", every=0.005)
+        os.kill(pid, signal.SIGKILL)
+        fired.update(at=time.monotonic(), sessions=new)
 
 
 def test_killing_node_b_daemon_mid_branch(ray_cluster, state):

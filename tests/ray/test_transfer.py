@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from raylib import TASK
+from tests.support.raylib import TASK
 
 from drums_core.config import ID_BASE
 
@@ -32,7 +32,7 @@ def daemons():
     from drums_core.client import Client
     from drums_core.config import Instance
     from drums_core.host.hoststate import instance_leaks
-    from tests.conftest import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
+    from tests.support.suite import INSTANCE, SPARE_SLOTS, SUITE_DAEMON_ENV, require_root, stop_instance
 
     require_root()
     insts = {"a": Instance(name=f"{INSTANCE.name}-ta", slot_base=SPARE_SLOTS[8], slot_count=2),

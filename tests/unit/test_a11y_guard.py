@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from osworld_harness import run_osworld
+from tests.support.osworld_harness import run_osworld
 
 from drums_osworld.guest.a11y_guard import EMPTY, contain
 from drums_osworld.guest.a11y_xml import NS, Node, cp, st

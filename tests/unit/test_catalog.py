@@ -19,7 +19,7 @@ from drums_osworld.catalog import rules
 from drums_osworld.catalog.__main__ import main as catalog_main
 from drums_osworld.tasks import OSWORLD_GETTERS, OSWORLD_METRICS, OSWORLD_STEP_TYPES
 
-from tests.taskset import osworld_tasks_dir
+from tests.support.taskset import osworld_tasks_dir
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = osworld_tasks_dir()

@@ -17,7 +17,7 @@ import drums_osworld  # noqa: F401 - registers what it adds to the CLI (bench, r
 from drums_core import cli
 from drums_core.config import Instance
 from drums_core.errors import FailedPrecondition
-from tests.conftest import DRUMS_CLI
+from tests.support.suite import DRUMS_CLI
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,6 +23,8 @@ from drums_core.sweep import hostops, session_selector, sweep
 from drums_core.sweep.report import COUNTS
 from drums_core.sweep.step_dirs import RETIRE_KEY
 
+from tests.support.wait import wait_until
+
 REPO = str(Path(__file__).resolve().parents[2])
 
 
@@ -61,10 +63,8 @@ def kids():
 
 
 def _wait_argv(pid: int, last: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while procs.read_cmdline(pid)[-1:] != [last]:
-        assert time.monotonic() < deadline, f"pid {pid} never showed argv ending {last!r}"
-        time.sleep(0.01)
+    wait_until(lambda: procs.read_cmdline(pid)[-1:] == [last], timeout, f"pid {pid} to show argv ending {last!r}",
+               every=0.01)
 
 
 def _tagged(kids, run: str, code: str = "import time; time.sleep(600)"):
@@ -276,10 +276,7 @@ def test_owner_states(tmp_path, kids):
     z = Ledger.create(tmp_path, "zombie", pid=owner.pid)
     assert z.owner_alive()
     os.kill(owner.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while procs.read_stat(owner.pid) and not procs.read_stat(owner.pid).zombie and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert procs.read_stat(owner.pid).zombie
+    wait_until(lambda: procs.read_stat(owner.pid).zombie, 5, "the killed owner to be a zombie", every=0.01)
     assert not z.owner_alive()  # a zombie owner is dead
     owner.wait()
     assert not z.owner_alive()
@@ -323,9 +320,7 @@ def test_sweep_kills_by_tag_record_and_descent_and_spares_decoys(tmp_path, kids)
     led.record("process", "helper", pid=recorded.pid, starttime=procs.starttime(recorded.pid))
     decoy = _tagged(kids, run + "0")  # drums:<run>0 is another run
     decoy_substring = kids([sys.executable, "-c", "import time; time.sleep(600)", f"--tag=x{procs.run_tag(run)}"])
-    deadline = time.monotonic() + 5
-    while not procs.descendants(procs.scan_processes(), [parent.pid]) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: procs.descendants(procs.scan_processes(), [parent.pid]), 5, "the parent's child", every=0.01)
     grandchild = next(iter(procs.descendants(procs.scan_processes(), [parent.pid])))
 
     rep = sweep(tmp_path / "ledger")

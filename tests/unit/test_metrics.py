@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from docfiles import docx_cases, odt_cases
+from tests.support.docfiles import docx_cases, odt_cases
 
 from drums_osworld.evaluation import metrics as M
 from drums_osworld.evaluation.metrics import METRICS, _docx_paragraph_texts, _fuzz_ratio, _odt_paragraph_texts

@@ -5,13 +5,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from drums_core.host import mounttable, ownedpaths, procs
 from drums_core.sweep.ledger import Entry
 from drums_core.sweep.parts import Part, parts_of, snapshot_published
+
+from tests.support.wait import wait_until
 
 
 # ------------------------------------------------------------------ path components
@@ -127,9 +128,7 @@ def test_zombie_counts_as_dead():
         assert procs.is_alive(child.pid, start)
         assert not procs.is_alive(child.pid, start + 1)
         os.kill(child.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while procs.read_stat(child.pid).state != "Z" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: procs.read_stat(child.pid).state == "Z", 5, "the killed child to be a zombie", every=0.01)
         assert procs.read_stat(child.pid).zombie  # not reaped yet: still in /proc
         assert not procs.is_alive(child.pid, start)
         assert procs.open_handle(child.pid, start) is None
@@ -157,9 +156,8 @@ def test_handle_refuses_a_reused_pid():
 def test_read_cmdline_and_scan():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--tag", "drums:paths-unit"])
     try:
-        deadline = time.monotonic() + 5
-        while procs.read_cmdline(child.pid)[-1:] != ["drums:paths-unit"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: procs.read_cmdline(child.pid)[-1:] == ["drums:paths-unit"], 5, "the child's tag",
+                   every=0.01)
         assert procs.read_cmdline(child.pid)[-2:] == ["--tag", "drums:paths-unit"]
         found = procs.find_tagged("drums:paths-unit")
         assert [p.pid for p in found] == [child.pid]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from drums_core.errors import InvalidArgument
-from tests.taskset import osworld_tasks_dir
+from tests.support.taskset import osworld_tasks_dir
 from drums_osworld.tasks import (
     OSWORLD_GETTERS,
     OSWORLD_METRICS,

@@ -1,7 +1,7 @@
 """A stand-in "upstream" host for the ``nat`` policy's tests, in a network namespace the test makes.
 
 One child process holds the namespace (``unshare --net``; it dies with the process that made it,
-``PR_SET_PDEATHSIG``) and runs :mod:`tests.netstandin_server` there: HTTP on 80, DNS on 53, a UDP
+``PR_SET_PDEATHSIG``) and runs :mod:`tests.support.netstandin_server` there: HTTP on 80, DNS on 53, a UDP
 sink on 9, each logging the source address of what it receives. The host side of its veth is the
 "upstream interface" that sessions are routed through.
 
@@ -20,10 +20,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
+
+from .wait import WaitTimeout, wait_until
 
 HERE = Path(__file__).resolve().parent
 PR_SET_PDEATHSIG = 1
@@ -31,15 +32,6 @@ PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _wait(cond, timeout: float, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(step)
 
 
 def link_exists(ifname: str) -> bool:
@@ -101,8 +93,7 @@ class StandIn:
             netns.in_namespaces(pid, {"net": 0x40000000}, inside)
             with IPRoute() as ipr:
                 ipr.route("add", dst=self.routed, gateway=self.address, oif=idx)
-            if not _wait(self._answers, 10):
-                raise RuntimeError(f"stand-in {self.ifname} does not answer on {self.address}")
+            wait_until(self._answers, 10, f"stand-in {self.ifname} to answer on {self.address}")
         except BaseException:
             self.close()
             raise
@@ -130,8 +121,9 @@ class StandIn:
                 if f:
                     f.close()
             self.proc = None
-        gone = _wait(lambda: not link_exists(self.ifname), 10)
-        if not gone:  # the namespace is gone, so its veth should be: remove the host end by hand
+        try:
+            wait_until(lambda: not link_exists(self.ifname), 10, f"{self.ifname} to go with its namespace")
+        except WaitTimeout:  # the namespace is gone, so its veth should be: remove the host end by hand
             subprocess.run(["ip", "link", "del", self.ifname], capture_output=True)
 
     def __enter__(self) -> "StandIn":

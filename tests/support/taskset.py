@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from . import REPO
 
 
 def _origin_checkout() -> Path | None:

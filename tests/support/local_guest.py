@@ -12,52 +12,28 @@ Every process started here carries ``DRUMS_LOCAL_GUEST=<token>`` in its environm
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from drums_osworld.guest.client import ExecResult, GuestHTTPError, python_command
 
+from .envtag import kill_env_tagged
+from .wait import WaitTimeout, wait_until
+
 MARK = "DRUMS_LOCAL_GUEST"
-
-
-def _pids_with_token(token: str) -> list[int]:
-    needle = f"{MARK}={token}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
 
 
 def kill_token(token: str, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL, every process whose environment carries ``token``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _pids_with_token(token)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _pids_with_token(token):
-            time.sleep(0.2)
+    kill_env_tagged(MARK, token, timeout)
 
 
 def find_pyautogui_python(display: str) -> str:
@@ -98,11 +74,9 @@ class LocalDesktop:
             self._xvfb = subprocess.Popen(
                 ["Xvfb", self.display, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp", "-noreset"],
                 env=env, stdout=self._xvfb_log, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and self._xvfb.poll() is None:
-                if os.path.exists(f"/tmp/.X11-unix/X{n}"):
-                    break
-                time.sleep(0.1)
+            with contextlib.suppress(WaitTimeout):  # judged just below: the next display is tried
+                wait_until(lambda n=n: self._xvfb.poll() is not None or os.path.exists(f"/tmp/.X11-unix/X{n}"), 15,
+                           f"Xvfb on {self.display}", every=0.1)
             if self._xvfb.poll() is None and os.path.exists(f"/tmp/.X11-unix/X{n}"):
                 break
             self._xvfb.wait()
@@ -114,29 +88,33 @@ class LocalDesktop:
         self._openbox = subprocess.Popen(["openbox"], env={**env, "DISPLAY": self.display},
                                          stdout=self._wm_log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        deadline = time.monotonic() + 15
-        while not self._wm_running():
-            if time.monotonic() > deadline or self._openbox.poll() is not None:
-                problem = self.problem() or "openbox did not take the display in 15 s"
-                self.close()
-                raise RuntimeError(f"the local desktop {self.display} has no window manager: {problem}")
-            time.sleep(0.2)
+        with contextlib.suppress(WaitTimeout):  # judged just below
+            wait_until(lambda: self._wm_running() or self._openbox.poll() is not None, 15, "openbox", every=0.2)
+        if not self._wm_running():
+            problem = self.problem() or "openbox did not take the display in 15 s"
+            self.close()
+            raise RuntimeError(f"the local desktop {self.display} has no window manager: {problem}")
 
     def _wait_served(self, timeout: float = 15.0) -> None:
         from Xlib import display as xdisplay
         from Xlib.error import DisplayError
 
-        deadline = time.monotonic() + timeout
-        while True:
+        def served() -> bool:
             try:
                 xdisplay.Display(self.display).close()
-                return
-            except DisplayError as exc:
-                if time.monotonic() > deadline or self._xvfb.poll() is not None:
-                    problem = f"no X client is served on {self.display}: {exc}; {self._logs()}"
-                    self.close()
-                    raise RuntimeError(f"the local desktop has no X server: {problem}") from exc
-            time.sleep(0.2)
+                return True
+            except DisplayError:
+                if self._xvfb.poll() is not None:  # Xvfb exited: no use waiting
+                    raise WaitTimeout(f"Xvfb exited ({self._xvfb.returncode})") from None
+                raise
+
+        try:
+            wait_until(served, timeout, f"an X client to be served on {self.display}", every=0.2,
+                       ignore=(DisplayError,))
+        except WaitTimeout as exc:
+            problem = f"no X client is served on {self.display}: {exc}; {self._logs()}"
+            self.close()
+            raise RuntimeError(f"the local desktop has no X server: {problem}") from exc
 
     def _logs(self) -> str:
         out = []

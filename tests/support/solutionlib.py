@@ -22,12 +22,11 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.taskset import osworld_tasks_dir
+from . import REPO
+from .taskset import osworld_tasks_dir
 
-HERE = Path(__file__).resolve().parent
-SOLUTIONS = HERE / "solutions"
+SOLUTIONS = REPO / "tests" / "osworld" / "solutions"
 GUESTLIB = SOLUTIONS / "guestlib.py"
-REPO = HERE.parents[1]
 OSWORLD_TASKS = osworld_tasks_dir() / "examples"
 IMAGE = os.environ.get("DRUMS_OSWORLD_TEST_IMAGE", "osworld")
 SPECIAL = ("WAIT", "DONE", "FAIL")

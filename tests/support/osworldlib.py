@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from osworld_harness import BOOTSTRAP, OSWorldSnippetError, ensure_osworld_venv, osworld_env, stub_dir
+from . import REPO
+from .osworld_harness import BOOTSTRAP, OSWorldSnippetError, ensure_osworld_venv, osworld_env, stub_dir
 
-REPO = Path(__file__).resolve().parents[2]
 MARK = "@@DRUMS-OSWORLD-JSON@@ "
 
 # Shared by every snippet: the real DesktopEnv, with drums registered by importing drums_osworld.

@@ -1,12 +1,12 @@
-"""Helpers of the Ray rollout-farm tests (conftest.py has the fixtures)."""
+"""Helpers of the Ray rollout-farm tests (tests/ray/conftest.py has the fixtures)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from . import REPO
+
 TASK = REPO / "tasks" / "os" / "drums-os-make-executable.json"
 
 

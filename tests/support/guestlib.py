@@ -1,7 +1,4 @@
-"""Helpers of the guest server tests: a real Xvfb + openbox on a free display, and servers.
-
-(A module of its own, not conftest.py: the suite has a tests/conftest.py too, and
-``from conftest import ...`` would be ambiguous.)
+"""Helpers of the guest server tests (tests/guest): a real Xvfb + openbox on a free display, and servers.
 
 Everything started here carries ``DRUMS_GUEST_TEST_TAG=<uuid>`` in its environment, and so does
 everything those processes start (xterms, LibreOffice, ffmpeg, commands). Teardown kills by that
@@ -9,9 +6,9 @@ tag, so nothing outlives the tests even when a launched application detached its
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,13 +18,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-TESTS = REPO / "tests"
-for p in (str(REPO), str(TESTS)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import requests
 
-import requests  # noqa: E402
+from . import REPO
+from .envtag import kill_env_tagged
+from .wait import WaitTimeout, wait_until
 
 TAG_VAR = "DRUMS_GUEST_TEST_TAG"
 TAG = uuid.uuid4().hex
@@ -46,45 +41,9 @@ def _server_python() -> str:
     pytest.fail("no interpreter with flask, python-xlib, Pillow, numpy and pyautogui")
 
 
-def tagged_pids(tag: str = TAG) -> list[int]:
-    needle = f"{TAG_VAR}={tag}".encode()
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(int(d))
-        except OSError:
-            continue
-    return out
-
-
 def kill_tagged(tag: str = TAG, timeout: float = 5.0) -> list[int]:
     """SIGTERM then SIGKILL every process carrying the tag; returns the survivors (should be [])."""
-    pids = tagged_pids(tag)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pids = [p for p in tagged_pids(tag) if not _is_zombie(p)]
-            if not pids:
-                return []
-            time.sleep(0.1)
-    return [p for p in tagged_pids(tag) if not _is_zombie(p)]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    return kill_env_tagged(TAG_VAR, tag, timeout)
 
 
 def tagged_env(**extra: str) -> dict[str, str]:
@@ -117,11 +76,9 @@ class XServer:
             p = subprocess.Popen(["Xvfb", f":{n}", "-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24",
                                   "-nolisten", "tcp", "-noreset"],
                                  stdout=log, stderr=log, env=tagged_env(), start_new_session=True)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and p.poll() is None:
-                if os.path.exists(f"/tmp/.X11-unix/X{n}"):
-                    break
-                time.sleep(0.05)
+            with contextlib.suppress(WaitTimeout):  # judged just below: the next display is tried
+                wait_until(lambda p=p, n=n: p.poll() is not None or os.path.exists(f"/tmp/.X11-unix/X{n}"), 10,
+                           f"Xvfb on :{n}")
             if p.poll() is None and os.path.exists(f"/tmp/.X11-unix/X{n}"):
                 self.number = n
                 self.procs.append(p)
@@ -144,16 +101,19 @@ class XServer:
         try:
             root = d.screen().root
             atom = d.intern_atom("_NET_SUPPORTING_WM_CHECK")
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
+
+            def wm_check() -> bool:
                 p = root.get_full_property(atom, X.AnyPropertyType)
-                if p is not None and len(p.value):
-                    time.sleep(0.3)  # openbox sets the check early; let it finish start-up
-                    return
-                time.sleep(0.05)
+                return p is not None and len(p.value) > 0
+
+            try:
+                wait_until(wm_check, 15, "openbox's _NET_SUPPORTING_WM_CHECK")
+            except WaitTimeout as exc:
+                raise RuntimeError(f"openbox did not start: {exc}") from None
+            # openbox sets the check early and offers no later sign that its start-up is done
+            time.sleep(0.3)
         finally:
             d.close()
-        raise RuntimeError("openbox did not start")
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -200,19 +160,19 @@ class GuestServer:
              "--port-file", str(self.port_file), "--workdir", str(self.tmp / "work"), *self.args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(self.tmp),
             start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"guest server exited: {self.log()}")
-            if self.port_file.exists():
-                self.url = f"http://127.0.0.1:{int(self.port_file.read_text())}"
-                try:
-                    if requests.get(self.url + "/drums/health", timeout=2).ok:
-                        return self
-                except requests.RequestException:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError(f"guest server did not come up: {self.log()}")
+            if not self.port_file.exists():
+                return False
+            self.url = f"http://127.0.0.1:{int(self.port_file.read_text())}"
+            return requests.get(self.url + "/drums/health", timeout=2).ok
+
+        try:
+            wait_until(healthy, 30, "the guest server's /drums/health", ignore=(requests.RequestException,))
+        except WaitTimeout as exc:
+            raise RuntimeError(f"guest server did not come up ({exc}): {self.log()}") from None
+        return self
 
     def log(self) -> str:
         try:
@@ -278,13 +238,12 @@ class GuestServer:
         return out
 
     def wait_window(self, title: str, timeout: float = 20, present: bool = True) -> dict | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def seen():
             found = [w for w in self.windows() if title in (w["name"] or "")]
-            if present and found:
-                return found[0]
-            if not present and not found:
-                return None
-            time.sleep(0.1)
-        raise AssertionError(f"window {title!r} {'never appeared' if present else 'stayed'}; "
-                             f"windows: {self.windows()}")
+            return found[0] if present and found else not present and not found
+
+        try:
+            got = wait_until(seen, timeout, f"window {title!r} to {'appear' if present else 'go'}", every=0.1)
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}; windows: {self.windows()}") from None
+        return got if present else None

@@ -1,4 +1,4 @@
-"""The stand-in upstream's servers, run by :mod:`tests.netstandin` inside the stand-in's own network
+"""The stand-in upstream's servers, run by :mod:`tests.support.netstandin` inside the stand-in's own network
 namespace (``unshare --net``). Not a test module.
 
 Argument: a JSON object ``{"name": str, "records": {hostname: address}}``. Serves, on every address
