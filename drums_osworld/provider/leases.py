@@ -177,16 +177,16 @@ def reclaim(client: Client, leases: list[tuple[Path, dict]]) -> dict:
         path.unlink(missing_ok=True)
     snaps = sorted((x for x in leases if x[1].get("kind") == "snapshot"), key=lambda x: -x[1].get("created", 0))
     for path, data in snaps:
+        if any(p != path and d.get("key") == data["key"] for p, d in _leases_of(path.parent, None)):
+            path.unlink(missing_ok=True)  # another holder has it, and deletes it last
+            continue
         try:
             client.delete_snapshot(data["key"])
             report["snapshots"].append(data["key"])
         except NotFound:
             pass
         except FailedPrecondition:  # still in use by a live session or a child snapshot
-            if any(p != path and d.get("key") == data["key"] for p, d in _leases_of(path.parent, None)):
-                path.unlink(missing_ok=True)  # another holder will delete it
-            else:
-                report["kept"].append(path.name)
+            report["kept"].append(path.name)
             continue
         except DrumsError as exc:
             log.warning("could not delete leased snapshot %s: %s", data["key"], exc)

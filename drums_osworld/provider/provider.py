@@ -384,18 +384,19 @@ class DrumsProvider(_ProviderBase):
             self._destroy(desktop)
 
     def _release_snapshots(self) -> None:
+        """Let go of this env's private snapshots; the last holder deletes each (a branch sibling
+        holds the state it was restored from). Holders decide, not whether a session stands on the
+        snapshot: a leave-running checkpoint leaves its own desktop standing on its older layers."""
         for sid in reversed(list(self._owned)):
-            keep = False
-            try:
-                self.client.delete_snapshot(sid)
-            except NotFound:
-                pass
-            except DrumsError as exc:  # in use: another holder (a branch sibling) deletes it last
-                keep = not leases.other_holders(self.client, "snapshot", sid, self.owner)
-                if keep:
+            leases.release(self.client, "snapshot", sid, self.owner)
+            if not leases.other_holders(self.client, "snapshot", sid, self.owner):
+                try:
+                    self.client.delete_snapshot(sid)
+                except NotFound:
+                    pass
+                except DrumsError as exc:  # still stood on (a child snapshot, a session): reaped later
+                    leases.hold(self.client, "snapshot", sid, self.owner)
                     log.warning("private snapshot %s stays leased: %s", sid, exc)
-            if not keep:
-                leases.release(self.client, "snapshot", sid, self.owner)
             self._owned.remove(sid)
 
     def __repr__(self) -> str:
