@@ -33,6 +33,7 @@ from drums_core.errors import FailedPrecondition, InvalidArgument
 from drums_core.sweep.ledger import Entry, Ledger
 from drums_core.sweep import sweep
 from drums_core.sweep.parts import parts_of
+from tests.support import reaping
 from tests.support.wait import wait_until
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -55,6 +56,7 @@ class Host:
         self.groups: list[SessionCgroup] = []
         self.popens: list[subprocess.Popen] = []
         self.runs: set[str] = set()
+        self.helpers_before = reaping.descendants()  # other tests' helpers this process holds are not ours
         linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
 
     def create(self, driver: cgroups.CgroupDriver, run: str, session: str = "s1",
@@ -78,17 +80,10 @@ class Host:
         for p in self.popens:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
-        for _ in range(100):
-            mine = procs.descendants(procs.scan_processes(), [os.getpid()])
-            for pid in mine:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            for p in self.popens:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=0.05)
-            procs.reap_children()
-            if not procs.descendants(procs.scan_processes(), [os.getpid()]):
-                break
+        for p in self.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=0.05)
+        reaping.kill_new_descendants(self.helpers_before)
         for g in self.groups:
             try:
                 g.remove(5.0)

@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from drums_core.sweep.ledger import Ledger
 from drums_core.sweep import sweep
 from drums_core.sweep.hostops import FAULT_WINDOWS, nft_tables
 
+from tests.support import reaping
 from tests.support.wait import wait_until
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -60,6 +60,7 @@ class World:
     """A dead run with real resources, and decoys. ``close()`` removes all of it, whatever state it is in."""
 
     def __init__(self) -> None:
+        self.helpers_before = reaping.descendants()  # other tests' helpers this process holds are not ours
         self.hex = secrets.token_hex(3)
         self.base = Path(f"/tmp/drums-swt-{self.hex}")
         self.criu_tmp = Path(f"/tmp/.criu.swt{self.hex}")
@@ -239,18 +240,10 @@ class World:
         for p in self.popens:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
-        for _ in range(100):
-            mine = procs.descendants(procs.scan_processes(), [os.getpid()])
-            for pid in mine:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            for p in self.popens:
-                with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
-                    p.wait(timeout=0.05)
-            procs.reap_children()
-            if not procs.descendants(procs.scan_processes(), [os.getpid()]):
-                break
-            time.sleep(0.05)
+        for p in self.popens:
+            with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
+                p.wait(timeout=0.05)
+        reaping.kill_new_descendants(self.helpers_before)
         for tag in (self.run, self.decoy_run, self.live_run):
             for p in procs.find_tagged(procs.run_tag(tag)):
                 with contextlib.suppress(ProcessLookupError):

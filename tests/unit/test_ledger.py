@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from drums_core.sweep import hostops, session_selector, sweep
 from drums_core.sweep.report import COUNTS
 from drums_core.sweep.step_dirs import RETIRE_KEY
 
+from tests.support import reaping
 from tests.support.wait import wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -35,6 +35,7 @@ def _run_id(label: str = "u") -> str:
 @pytest.fixture
 def kids():
     """Start children; this test is their subreaper, and every one is killed and reaped at the end."""
+    helpers_before = reaping.descendants()  # other tests' helpers this process holds are not ours
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     started: list[subprocess.Popen] = []
 
@@ -50,15 +51,7 @@ def kids():
     for p in started:
         with contextlib.suppress(ChildProcessError):
             p.wait(timeout=10)
-    # orphans of the children were reparented to us: kill and reap them too
-    for _ in range(50):
-        for pid in procs.descendants(procs.scan_processes(), [os.getpid()]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        procs.reap_children()
-        if not procs.descendants(procs.scan_processes(), [os.getpid()]):
-            break
-        time.sleep(0.05)
+    reaping.kill_new_descendants(helpers_before, tries=50)  # and their orphans, reparented to us
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 0)
 
 
