@@ -152,3 +152,44 @@ def test_desktop_applications_open_and_branch(client, osworld_desktop):
     finally:
         _destroy(client, [sib])
     client.delete_snapshot(snap["id"])
+
+
+SHORT_SERVICE = """[D-BUS Service]
+Name=org.drums.ShortLived
+Exec=/bin/sleep 7
+"""
+
+
+def test_a_bus_activated_service_ending_after_restore_is_not_a_death(client):
+    """D-Bus starts an activated service through a babysitter, a fork of the bus that exits with
+    the service. A service that ends on its own a moment after the restore (here one that sleeps
+    7 s, checkpointed at 4 s) takes its babysitter with it: the sibling still passes its liveness
+    check, and the babysitter is indeed gone from it (the flaky LIVENESS_FAILED on dbus-daemon)."""
+    s = client.create(desktop_spec())
+    made = [s]
+    try:
+        g = _guest(s)
+        r = g.execute(["python", "-c", "import os; d = os.path.expanduser('~/.local/share/dbus-1/services'); "
+                       f"os.makedirs(d, exist_ok=True); open(d + '/org.drums.ShortLived.service', 'w').write({SHORT_SERVICE!r})"])
+        assert r.returncode == 0, r
+        g.execute("dbus-send --session --type=method_call --dest=org.freedesktop.DBus / "
+                  "org.freedesktop.DBus.ReloadConfig", shell=True)
+        g.launch("dbus-send --session --print-reply --reply-timeout=20000 --dest=org.drums.ShortLived / "
+                 "org.drums.ShortLived.Ping", shell=True)
+        sitters = "ps -o pid=,etimes= --ppid $(pgrep -xo dbus-daemon -u user) | awk '$1 > 0'"
+
+        def babysitter_aged() -> bool:
+            rows = [line.split() for line in g.execute(sitters, shell=True).output.splitlines()]
+            return any(int(age) >= 4 for _, age in rows)
+        wait_until(babysitter_aged, 30, "a babysitter 4 s old", **POLL)
+        snap = client.checkpoint(s["id"], leave_running=False)
+        made = []
+        (sib,) = client.restore(snap["id"], count=1, wait_live=True)
+        made = [sib]
+        assert sib["liveness"] == "ok"
+        gs = _guest(sib)
+        wait_until(lambda: gs.execute(sitters, shell=True).output.strip() == "", 30,
+                   "the babysitter gone with its service", **POLL)
+    finally:
+        _destroy(client, made)
+    client.delete_snapshot(snap["id"])

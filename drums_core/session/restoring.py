@@ -63,6 +63,12 @@ def _started_by_dbus(pid: int) -> bool:
     return b"\0DBUS_STARTER_BUS_TYPE=" in b"\0" + env
 
 
+def _dbus_babysitter(comm: str, parent_comm: str | None) -> bool:
+    """dbus-daemon starts an activated service through a babysitter: a fork of itself (same
+    name, its parent a dbus-daemon) that waits for the service and exits with it, so it is as
+    on-demand as the service (seen: a babysitter 3 s old at a checkpoint, gone in the sibling)."""
+    return comm == "dbus-daemon" and parent_comm == "dbus-daemon"
+
 
 @dataclass(frozen=True)
 class RestoreAsk:
@@ -298,8 +304,8 @@ class RestoreOps:
         """``[nspid, comm, age in seconds, on_demand]`` of each session process at a checkpoint. A
         process that came back from the session's own snapshot adds the age it had there (a
         restore starts every process anew as far as the kernel's start times go). ``on_demand``:
-        D-Bus started it on request (its environment has ``DBUS_STARTER_BUS_TYPE``): such services
-        exit when idle (systemd-timedated after 30 s) and come back when asked. The environment is
+        D-Bus started it on request (its environment has ``DBUS_STARTER_BUS_TYPE``, or it is the
+        bus's babysitter of such a service): such services exit when idle (systemd-timedated after 30 s) and come back when asked. The environment is
         the session's to write; at worst a session exempts its own processes from its own check."""
         inherited: dict[tuple, float] = {}
         if s.snapshot:
@@ -312,13 +318,15 @@ class RestoreOps:
             uptime = float(f.read().split()[0])
         tck = os.sysconf("SC_CLK_TCK")
         out = []
-        for p in session_processes(s.init_pid):
+        found = session_processes(s.init_pid)
+        comm_of = {p.pid: p.comm for p in found}
+        for p in found:
             start = procs.starttime(p.pid)
             if start is None:
                 continue
             age = max(0.0, uptime - start / tck)
-            out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3),
-                        _started_by_dbus(p.pid)])
+            on_demand = _started_by_dbus(p.pid) or _dbus_babysitter(p.comm, comm_of.get(p.ppid))
+            out.append([p.nspid, p.comm, round(age + inherited.get((p.nspid, p.comm), 0.0), 3), on_demand])
         return out
 
     def _check_liveness(self, s: Session, expected: list[tuple]) -> str | None:
