@@ -139,7 +139,9 @@ def test_a_young_process_that_ends_after_restore_is_not_a_death(client):
     sleep) may end by itself after a restore: the sibling passes its liveness check."""
     s = client.create(WRITER)
     try:
-        sh(client, s["id"], "setsid -f sleep 2 >/dev/null 2>&1 < /dev/null; pgrep -x sleep")
+        # setsid -f returns before its child has become sleep: wait for it to have
+        sh(client, s["id"], "setsid -f sleep 2 >/dev/null 2>&1 < /dev/null; "
+                            "for i in $(seq 100); do pgrep -x sleep && exit 0; sleep 0.02; done; exit 1")
         snap = client.checkpoint(s["id"], leave_running=False)
     except BaseException:
         client.destroy(s["id"])
