@@ -107,7 +107,13 @@ def test_chromium_devtools_on_9222_survives_checkpoint_and_restore(client, oswor
     try:
         pages = []
         for sib in sibs:
-            listing = requests.get(f"http://{sib['address']}:9222/json/list", timeout=10).json()
+            try:
+                listing = requests.get(f"http://{sib['address']}:9222/json/list", timeout=10).json()
+            except requests.RequestException as exc:
+                # seen once in CI (under the parallel lane's load): say what Chromium was doing
+                ps = _guest(sib).execute("cat /proc/loadavg; ps -eo pid,stat,etimes,pcpu,wchan:24,args "
+                                         "| grep -E 'chrom|socat|PID' | cut -c1-160", shell=True).output
+                raise AssertionError(f"DevTools of sibling {sib['id']} did not answer: {exc}\n{ps}") from exc
             assert listing and all(sib["address"] in p.get("webSocketDebuggerUrl", sib["address"]) for p in listing)
             pages.append(listing[0]["id"])
             assert "chromium" in _windows(_guest(sib)).lower()
