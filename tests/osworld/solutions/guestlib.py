@@ -186,14 +186,24 @@ def click_node(app, name, role=None, timeout=30, button='left'):
 def retry(act, check, tries, why):
     """Do ``act`` then wait briefly for ``check``, up to ``tries`` times (a key pressed while the
     application is still starting can be lost); fail with ``why``."""
+    last = ['']
+
+    def probe():
+        # a check that fails by itself (find_node's own short wait) is one more poll of the 3 s,
+        # not the end of this try
+        try:
+            return check()
+        except SystemExit as exc:
+            last[0] = str(exc).split('\n', 1)[0]
+            return None
     for _ in range(tries):
         act()
         try:
-            value = wait(check, 3, why, 0.2)
+            value = wait(probe, 3, why, 0.2)
         except SystemExit:
             continue
         return value
-    fail(f'{why} (tried {tries} times)')
+    fail(f'{why} (tried {tries} times; the last check: {last[0]})')
 
 
 # Chromium's AT-SPI application name and the end of its window titles (Chromium, or Google Chrome
