@@ -390,6 +390,7 @@ calls = {
     "keyctl": (250, 0, -3, 1),  # KEYCTL_GET_KEYRING_ID of the session keyring, create it
     "add_key": (248, b"user", b"drumsct", b"secret", 6, -2),
     "request_key": (249, b"user", b"drumsct", None, 0),
+    "pkey_alloc": (330, 0, 0),  # a key CRIU could not carry to a restored process
 }
 for n, a in calls.items():
     out[n] = syscall(*a)
@@ -412,6 +413,8 @@ def test_denied_syscalls_and_the_host_clock(drums, session, who):
     assert not through, f"these syscalls succeeded in the session ({who}): {through}"
     for name in ("keyctl", "add_key", "request_key"):
         assert res[name]["errno"] == "EPERM", f"{name} failed with {res[name]} instead of the filter's EPERM"
+    # "no key free": what callers handle (Chromium then protects its pages without keys)
+    assert res["pkey_alloc"]["errno"] == "ENOSPC", res["pkey_alloc"]
 
 
 # ------------------------------------------------------------------------------------------ 4. caps and seccomp

@@ -16,7 +16,8 @@ The promise (README, "Containment"), in the manner of container runtimes' defaul
   re-creates a restored session's mount tree from inside its user namespace (unlocked) and gives
   it a pid namespace of its own user namespace; without ``CAP_SYS_ADMIN`` the session can neither
   unmount, remount nor mount anything (no other ``/proc``, no ``/sys``, no tmpfs), fresh or restored;
-* a seccomp filter (:data:`DENIED_SYSCALLS`) fails those calls with ``EPERM``.
+* a seccomp filter (:data:`DENIED_SYSCALLS`) fails those calls with ``EPERM``, and
+  :data:`REFUSED_SYSCALLS` (what a checkpoint could not carry: memory protection keys) with their own errno.
 
 Sizes of the session's tmpfs (``/tmp``, ``/dev/shm``, ``/run``) come from the launch spec.
 """
@@ -62,6 +63,15 @@ DENIED_SYSCALLS = (
     # io_uring: a large kernel surface that Docker's default profile also denies
     "io_uring_setup", "io_uring_enter", "io_uring_register",
 )
+
+# Refused with another answer than EPERM, because a checkpoint could not carry what they make.
+# pkey_alloc: CRIU does not dump a process's allocated memory protection keys (the kernel keeps
+# them in the mm, and no /proc file lists them), so after a restore the process's own
+# pkey_mprotect(..., key) fails with EINVAL. Chromium 156 takes a key when the CPU has PKU, and
+# its restored renderers then die with SIGTRAP at their next page commit ("Can't open this page,
+# error code 5"). ENOSPC is the kernel's answer when every key is taken, which every caller must
+# handle: Chromium and V8 then protect their pages without keys.
+REFUSED_SYSCALLS = {"pkey_alloc": errno.ENOSPC}
 
 
 def _bind(src: str, dst: str, flags: int) -> None:
@@ -121,14 +131,16 @@ def drop_bounding_set() -> None:
 
 
 def seccomp_filter():
-    """The filter as a libseccomp object (python3-seccomp), allowing all but :data:`DENIED_SYSCALLS`."""
+    """The filter as a libseccomp object (python3-seccomp), allowing all but :data:`DENIED_SYSCALLS`
+    (``EPERM``) and :data:`REFUSED_SYSCALLS` (their own errno)."""
     import seccomp
 
     f = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
     f.set_attr(seccomp.Attr.CTL_NNP, 0)
-    for name in DENIED_SYSCALLS:
+    rules = {**{name: errno.EPERM for name in DENIED_SYSCALLS}, **REFUSED_SYSCALLS}
+    for name, err in rules.items():
         try:
-            f.add_rule(seccomp.ERRNO(errno.EPERM), name)
+            f.add_rule(seccomp.ERRNO(err), name)
         except (RuntimeError, ValueError, OSError):
             continue  # not a syscall on this architecture
     return f
