@@ -13,8 +13,8 @@ demo:
 # 1. the unit lane (no root, no sessions), alone and first: it fails in a minute when it fails;
 # 2. the tests on real desktops, in TEST_WORKERS pytest-xdist workers: each worker runs its own
 #    daemon instance on a slot block of its own (tests/support/slots.py), and a file's tests stay
-#    on one worker (module fixtures, one module's desktops). Most of their time is spent waiting
-#    on desktops, so 3 workers on this 2-core, 23 GB machine;
+#    on one worker (module fixtures, one module's desktops), the longest files handed out first
+#    (tests/support/schedule.py). 3 workers keep this 2-core machine's CPUs 80-99% busy;
 # 3. tests/bench and tests/faults (marker slow), one at a time: they set host-wide state (KSM)
 #    and check the host for any process's CRIU mounts before each fault window.
 TEST_WORKERS ?= 3
@@ -23,5 +23,5 @@ PYTEST := $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60
 test:
 	cd $(ROOT) && scripts/provision
 	cd $(ROOT) && $(PYTEST) -m "not root" tests
-	cd $(ROOT) && $(PYTEST) -m "root and not slow" -n $(TEST_WORKERS) --dist loadfile tests
+	cd $(ROOT) && $(PYTEST) -m "root and not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 	cd $(ROOT) && $(PYTEST) -m slow tests

@@ -23,6 +23,7 @@ if sys.path[:1] != [str(REPO)]:  # this checkout, not an installed drums
 from drums_core.config import STATE_ROOT  # noqa: E402
 from drums_core.host.hoststate import instance_leaks  # noqa: E402
 from tests.support.leaks import instance_links, no_leaks, run_leaks, state_files  # noqa: E402
+from tests.support import schedule  # noqa: E402
 from tests.support.suite import BLOCK, INSTANCE, SUITE_DAEMON_ENV, require_root, stop_instance  # noqa: E402
 
 # Whichever test first starts the suite's daemon (a Client fixture, the gym env, the OSWorld provider,
@@ -69,7 +70,8 @@ _MARKS_BY_DIR = {"bench": ("root", "slow"), "faults": ("root", "slow"), "osworld
 
 def pytest_collection_modifyitems(session, config, items):
     """Mark each test by its folder, and run the fast unit lane first (``pytest -m 'not root'`` runs
-    it alone); the rest keep their order."""
+    it alone); the rest follow by file, the longest files first (:mod:`tests.support.schedule`: the
+    desktop lane's workers then end together), each file's tests in their order."""
     tests_dir = Path(__file__).resolve().parent
     unit, rest = [], []
     for item in items:
@@ -81,7 +83,15 @@ def pytest_collection_modifyitems(session, config, items):
         for name in _MARKS_BY_DIR.get(top, ("root",)):
             item.add_marker(name)
         rest.append(item)
+    first_seen = {}
+    for i, item in enumerate(rest):
+        first_seen.setdefault(_relpath(item, tests_dir), i)
+    rest.sort(key=lambda item: (-schedule.weight(_relpath(item, tests_dir)), first_seen[_relpath(item, tests_dir)]))
     items[:] = unit + rest
+
+
+def _relpath(item, tests_dir: Path) -> str:
+    return "tests/" + Path(str(item.path)).resolve().relative_to(tests_dir).as_posix()
 
 
 # The processes of this run (pid, slot block): this one, and each xdist worker as it finishes.
