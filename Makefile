@@ -14,14 +14,16 @@ demo:
 # 2. the tests on real desktops, in TEST_WORKERS pytest-xdist workers: each worker runs its own
 #    daemon instance on a slot block of its own (tests/support/slots.py), and a file's tests stay
 #    on one worker (module fixtures, one module's desktops), the longest files handed out first
-#    (tests/support/schedule.py). 3 workers keep this 2-core machine's CPUs 80-99% busy;
-# 3. tests/bench and tests/faults (marker slow), one at a time: they set host-wide state (KSM)
-#    and check the host for any process's CRIU mounts before each fault window.
+#    (tests/support/schedule.py). 3 workers keep this 2-core machine's CPUs 80-99% busy.
+#    The benchmark smoke runs (tests/bench) are among them: each runs on instances and slots of its
+#    worker's own, and the KSM settings the memory suite changes for one arm are put back after it;
+# 3. tests/faults (marker alone), with nothing else running: a fault window is valid only on a host
+#    with no CRIU mount of any process (a killed CRIU's leftovers would look like the window's).
 TEST_WORKERS ?= 3
 PYTEST := $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60
 
 test:
 	cd $(ROOT) && scripts/provision
 	cd $(ROOT) && $(PYTEST) -m "not root" tests
-	cd $(ROOT) && $(PYTEST) -m "root and not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
-	cd $(ROOT) && $(PYTEST) -m slow tests
+	cd $(ROOT) && $(PYTEST) -m "root and not alone" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	cd $(ROOT) && $(PYTEST) -m alone tests

@@ -64,7 +64,7 @@ def client(drums_instance):
 
 
 # markers by where a test lives (see pyproject.toml); the unit lane needs neither root nor sessions
-_MARKS_BY_DIR = {"bench": ("root", "slow"), "faults": ("root", "slow"), "osworld": ("root", "osworld"),
+_MARKS_BY_DIR = {"bench": ("root", "slow"), "faults": ("root", "slow", "alone"), "osworld": ("root", "osworld"),
                  "ray": ("root", "ray")}
 
 

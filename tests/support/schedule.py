@@ -12,6 +12,8 @@ from __future__ import annotations
 DEFAULT = 20.0
 
 FILE_SECONDS = {
+    "tests/bench/test_bench_smoke.py": 417,
+    "tests/bench/test_osworld_tasks.py": 44,
     "tests/osworld/test_reference_solutions.py": 735,
     "tests/osworld/test_post_setup_budget.py": 284,
     "tests/test_images.py": 276,
