@@ -1,10 +1,14 @@
-"""A dump that meets a message with control data queued on a unix socket is tried again.
+"""A dump that meets a transient state in the desktop is tried again.
 
 In a real session a program queues a message on a socketpair whose receiver asked for
 credentials (SO_PASSCRED, as D-Bus does) and reads it after a delay: CRIU refuses while the
 message is queued ("Control messages in queue"), the checkpoint is
 retried and succeeds once the message is read, and the restored sibling runs. A program that
 never reads it makes every attempt fail: CRIU_FAILED, and the session goes on unharmed.
+
+The same holds for a process whose main thread has ended while another thread runs on (CRIU:
+"Zombies with threads are not supported"): a multi-threaded program that exits passes through
+that state for a moment (a LibreOffice launcher did, during an OSWorld task's setup).
 """
 from __future__ import annotations
 
@@ -61,6 +65,68 @@ def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
             client.checkpoint(s["id"], leave_running=True)
         assert exc.value.reason == "CRIU_FAILED" and "Control messages in queue" in exc.value.message
         assert client.exec(s["id"], ["pgrep", "-f", "holder.py"])["returncode"] == 0
+        assert client.get(s["id"])["state"] == "RUNNING"
+    finally:
+        client.destroy(s["id"])
+
+
+ZOMBIE_LEADER = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+delay = float(sys.argv[1])
+
+def last_thread():
+    while not os.path.exists("/tmp/leader-gone"):
+        time.sleep(0.01)
+    time.sleep(3600 if delay < 0 else delay)
+    os._exit(0)
+
+threading.Thread(target=last_thread).start()
+with open("/tmp/zleader.pid", "w") as f:
+    f.write(str(os.getpid()))
+open("/tmp/leader-gone", "w").close()
+libc.syscall(60, 0)  # exit(2) of the main thread alone: the leader is a zombie, its thread runs on
+"""
+
+
+def _start_zombie_leader(client, sid: str, delay: float) -> None:
+    client.exec(sid, ["bash", "-c", f"cat > /tmp/zleader.py <<'EOF'\n{ZOMBIE_LEADER}EOF"])
+    r = client.exec(sid, ["bash", "-c", "setsid -f python3 /tmp/zleader.py %s >/dev/null 2>&1 </dev/null; "
+                                        "for i in $(seq 200); do [ -e /tmp/leader-gone ] && "
+                                        "grep -q '^State:.*Z' /proc/$(cat /tmp/zleader.pid)/status && exit 0; "
+                                        "sleep 0.02; done; "
+                                        "exit 1" % delay])
+    assert r["returncode"] == 0, f"the leader never became a zombie with a live thread: {r}"
+
+
+def test_dump_retried_until_a_zombie_leaders_last_thread_has_ended(client):
+    s = client.create(BARE)
+    snap = None
+    try:
+        log = client.instance.log_file
+        seen = log.stat().st_size
+        _start_zombie_leader(client, s["id"], 1.0)
+        snap = client.checkpoint(s["id"], leave_running=True)
+        with log.open("rb") as f:
+            f.seek(seen)
+            assert b"Zombies with threads" in f.read(), "the first dump did not meet the zombie leader"
+        assert client.exec(s["id"], ["bash", "-c", "test -e /proc/$(cat /tmp/zleader.pid)"])["returncode"] == 1
+        (sib,) = client.restore(snap["id"], wait_live=True)
+        client.destroy(sib["id"])
+    finally:
+        client.destroy(s["id"])
+    client.delete_snapshot(snap["id"])
+
+
+def test_a_zombie_leader_whose_thread_never_ends_fails_the_checkpoint_and_the_session_goes_on(client):
+    s = client.create(BARE)
+    try:
+        _start_zombie_leader(client, s["id"], -1)
+        with pytest.raises(Unavailable) as exc:
+            client.checkpoint(s["id"], leave_running=True)
+        assert exc.value.reason == "CRIU_FAILED" and "Zombies with threads" in exc.value.message
+        assert client.exec(s["id"], ["bash", "-c", "grep -q '^Threads:.*2' /proc/$(cat /tmp/zleader.pid)/status"]
+                           )["returncode"] == 0
         assert client.get(s["id"])["state"] == "RUNNING"
     finally:
         client.destroy(s["id"])

@@ -266,8 +266,11 @@ GHOST_LIMIT = 64 << 20
 # A dump that meets a message with control data queued on a unix socket (credentials for a
 # receiver with SO_PASSCRED, as D-Bus and Chromium ask) fails with "Control messages in queue": the tasks are
 # resumed untouched, and the message is usually read within milliseconds, so the dump is tried
-# again after a pause, at most DUMP_ATTEMPTS times in all.
-TRANSIENT_DUMP_ERRORS = ("Control messages in queue",)
+# again after a pause, at most DUMP_ATTEMPTS times in all. So is one that meets a process whose
+# main thread has ended while others run on ("Zombies with threads are not supported"): every
+# multi-threaded program that exits passes through that state until its last thread is gone (an
+# OSWorld task's setup met a LibreOffice launcher in it).
+TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported")
 DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
 
