@@ -23,7 +23,7 @@ if sys.path[:1] != [str(REPO)]:  # this checkout, not an installed drums
 from drums_core.config import STATE_ROOT  # noqa: E402
 from drums_core.host.hoststate import instance_leaks  # noqa: E402
 from tests.support.leaks import instance_links, no_leaks, run_leaks, state_files  # noqa: E402
-from tests.support import schedule  # noqa: E402
+from tests.support import cpuprofile, schedule  # noqa: E402
 from tests.support.suite import BLOCK, INSTANCE, SUITE_DAEMON_ENV, require_root, stop_instance  # noqa: E402
 
 # Whichever test first starts the suite's daemon (a Client fixture, the gym env, the OSWorld provider,
@@ -61,6 +61,10 @@ def client(drums_instance):
     assert not leftover, f"test left sessions behind: {[s['id'] for s in leftover]}"
     links = instance_links(drums_instance)
     assert not links, f"test left links behind: {links}"
+
+
+def pytest_configure(config):
+    cpuprofile.register(config)  # CPU-seconds per test, only with DRUMS_TEST_CPU set
 
 
 # markers by where a test lives (see pyproject.toml); the unit lane needs neither root nor sessions
