@@ -32,6 +32,13 @@ def _usage(group: Path) -> float:
     return int((group / "cpuacct.usage").read_text()) / 1e9
 
 
+def _cmdline(pid: str) -> str:
+    try:
+        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return pid
+
+
 class CpuPerTest:
     """The plugin: registered by tests/conftest.py when :data:`ENV` is set."""
 
@@ -65,12 +72,17 @@ class CpuPerTest:
         if self.group is None:
             return
         (ROOT / "cgroup.procs").write_text(str(os.getpid()))
-        try:
-            self.group.rmdir()  # refused while a process this one started still runs
-        except OSError as exc:
-            left = (self.group / "cgroup.procs").read_text().split()
-            print(f"\n{self.group} is left: it still holds processes {left} ({exc})", file=sys.stderr)
-            return
+        deadline = time.monotonic() + 30
+        while True:  # refused while a process this one started is still ending
+            try:
+                self.group.rmdir()
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    left = [_cmdline(pid) for pid in (self.group / "cgroup.procs").read_text().split()]
+                    print(f"\n{self.group} is left: it still holds {left} ({exc})", file=sys.stderr)
+                    return
+                time.sleep(0.2)
         try:
             PARENT.rmdir()
         except OSError:
