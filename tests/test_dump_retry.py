@@ -57,17 +57,24 @@ def test_dump_retried_until_the_message_is_read(client):
     client.delete_snapshot(snap["id"])
 
 
-def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
+def _checkpoint_fails_and_the_session_goes_on(client, start, criu_says: str, still_there: list[str]) -> None:
+    """``start(client, sid)`` makes a state that never passes: every dump attempt meets it, the
+    checkpoint fails with CRIU's words, and the session runs on with the program still there."""
     s = client.create(BARE)
     try:
-        _start_holder(client, s["id"], -1)
+        start(client, s["id"])
         with pytest.raises(Unavailable) as exc:
             client.checkpoint(s["id"], leave_running=True)
-        assert exc.value.reason == "CRIU_FAILED" and "Control messages in queue" in exc.value.message
-        assert client.exec(s["id"], ["pgrep", "-f", "holder.py"])["returncode"] == 0
+        assert exc.value.reason == "CRIU_FAILED" and criu_says in exc.value.message
+        assert client.exec(s["id"], still_there)["returncode"] == 0
         assert client.get(s["id"])["state"] == "RUNNING"
     finally:
         client.destroy(s["id"])
+
+
+def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
+    _checkpoint_fails_and_the_session_goes_on(client, lambda c, sid: _start_holder(c, sid, -1),
+                                              "Control messages in queue", ["pgrep", "-f", "holder.py"])
 
 
 ZOMBIE_LEADER = r"""
@@ -119,17 +126,9 @@ def test_dump_retried_until_a_zombie_leaders_last_thread_has_ended(client):
 
 
 def test_a_zombie_leader_whose_thread_never_ends_fails_the_checkpoint_and_the_session_goes_on(client):
-    s = client.create(BARE)
-    try:
-        _start_zombie_leader(client, s["id"], -1)
-        with pytest.raises(Unavailable) as exc:
-            client.checkpoint(s["id"], leave_running=True)
-        assert exc.value.reason == "CRIU_FAILED" and "Zombies with threads" in exc.value.message
-        assert client.exec(s["id"], ["bash", "-c", "grep -q '^Threads:.*2' /proc/$(cat /tmp/zleader.pid)/status"]
-                           )["returncode"] == 0
-        assert client.get(s["id"])["state"] == "RUNNING"
-    finally:
-        client.destroy(s["id"])
+    _checkpoint_fails_and_the_session_goes_on(
+        client, lambda c, sid: _start_zombie_leader(c, sid, -1), "Zombies with threads",
+        ["bash", "-c", "grep -q '^Threads:.*2' /proc/$(cat /tmp/zleader.pid)/status"])
 
 
 def test_a_failed_dump_whose_network_cannot_be_put_back_marks_the_session_broken(client):
