@@ -6,12 +6,14 @@ process moves itself into a cgroup-v1 ``cpuacct`` group of its own (``drums-test
 hierarchy Drums itself never places tasks in) before its first test. Everything it starts joins
 that group and stays in it: its daemons, their CRIU and every session's processes (Drums' own
 cgroups are in other hierarchies). Each test's row is that group's CPU during the test:
-``{"test", "cpu_s", "wall_s"}``, one JSON line per test, appended. A daemon's work for a test is
+``{"test", "cpu_s", "wall_s", "end", "pid"}`` (``end``: the wall clock at its end; ``pid``:
+the test process), one JSON line per test, appended. A daemon's work for a test is
 done during that test; the few seconds a daemon spends after a test (liveness checks of siblings
 a test destroyed) land on the next test of the same process.
 
 Without the variable, or on a host without a cgroup-v1 ``cpuacct`` hierarchy, nothing happens.
-At the end of each test process the process moves back and the group is removed.
+At the end of each test process, the process and whatever it started that still runs move back to
+the root group, and the group is removed.
 """
 from __future__ import annotations
 
@@ -30,13 +32,6 @@ PARENT = ROOT / "drums-testcpu"
 
 def _usage(group: Path) -> float:
     return int((group / "cpuacct.usage").read_text()) / 1e9
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return pid
 
 
 class CpuPerTest:
@@ -63,7 +58,7 @@ class CpuPerTest:
         cpu0, t0 = _usage(self.group), time.monotonic()
         yield
         row = {"test": item.nodeid, "cpu_s": round(_usage(self.group) - cpu0, 2),
-               "wall_s": round(time.monotonic() - t0, 2)}
+               "wall_s": round(time.monotonic() - t0, 2), "end": round(time.time(), 1), "pid": os.getpid()}
         with self.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -71,18 +66,21 @@ class CpuPerTest:
     def pytest_sessionfinish(self, session) -> None:
         if self.group is None:
             return
-        (ROOT / "cgroup.procs").write_text(str(os.getpid()))
-        deadline = time.monotonic() + 30
-        while True:  # refused while a process this one started is still ending
+        # The process and what still runs of what it started (multiprocessing's resource tracker
+        # lives until this process exits) go back to the root group: the group only counted.
+        for attempt in range(5):  # again if one of them started another meanwhile
+            for pid in [str(os.getpid()), *(self.group / "cgroup.procs").read_text().split()]:
+                try:
+                    (ROOT / "cgroup.procs").write_text(pid)
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
             try:
                 self.group.rmdir()
                 break
             except OSError as exc:
-                if time.monotonic() > deadline:
-                    left = [_cmdline(pid) for pid in (self.group / "cgroup.procs").read_text().split()]
-                    print(f"\n{self.group} is left: it still holds {left} ({exc})", file=sys.stderr)
+                if attempt == 4:
+                    print(f"\n{self.group} is left ({exc})", file=sys.stderr)
                     return
-                time.sleep(0.2)
         try:
             PARENT.rmdir()
         except OSError:
