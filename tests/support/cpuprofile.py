@@ -11,7 +11,8 @@ the test process), one JSON line per test, appended. A daemon's work for a test 
 done during that test; the few seconds a daemon spends after a test (liveness checks of siblings
 a test destroyed) land on the next test of the same process.
 
-Without the variable, or on a host without a cgroup-v1 ``cpuacct`` hierarchy, nothing happens.
+Without the variable, or on a host without a cgroup-v1 ``cpuacct`` hierarchy of its own (one
+mounted with ``cpu``, where Drums places sessions, would not count them), nothing is measured.
 At the end of each test process, the process and whatever it started that still runs move back to
 the root group, and the group is removed.
 """
@@ -43,7 +44,9 @@ class CpuPerTest:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session) -> None:
-        if not (ROOT / "cgroup.procs").is_file():
+        if not (ROOT / "cgroup.procs").is_file() or (ROOT / "cpu.shares").exists():
+            print(f"\n{ENV}: no cgroup-v1 cpuacct hierarchy of its own at {ROOT}; nothing is measured",
+                  file=sys.stderr)
             return
         group = PARENT / str(os.getpid())
         group.mkdir(parents=True, exist_ok=True)
