@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import fcntl
 import os
+import re
 import socket
 import struct
 import threading
@@ -81,8 +82,17 @@ class _LogPipe:
         return self.lines
 
 
+# Lines every CRIU run logs as errors on a host without iptables: CRIU probes for an
+# iptables(-legacy)-save/-restore binary ("... -V failed", and the execvp that failed) even when
+# the images hold no rules. They say nothing about a failure, and as the last error lines they hid
+# its cause.
+_NOISE = re.compile(r'ip6?tables(-legacy)?-(save|restore)(\ -V failed|", \.\.\.\) failed)')
+
+
 def error_lines(log: list[str], limit: int = 12) -> list[str]:
-    errs = [line for line in log if "Error" in line or "error" in line.lower() and "rlimit" not in line]
+    """The last ``limit`` lines of a CRIU log that report errors (the log's tail when none does)."""
+    errs = [line for line in log if ("Error" in line or "error" in line.lower() and "rlimit" not in line)
+            and not _NOISE.search(line)]
     return errs[-limit:] if errs else log[-limit:]
 
 
@@ -245,7 +255,9 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
         lines = error_lines(log)
         log_module.warning("criu %s failed (errno %s); the last lines of its log:\n%s", kind, errno,
                            "\n".join(log[-60:]))
-        raise Unavailable(f"criu {kind} failed (errno {errno}): {' | '.join(lines[-3:])}",
+        # without an errno CRIU gave no answer at all (it died, or closed the connection): say so
+        how = f"errno {errno}" if errno is not None else str(failure)
+        raise Unavailable(f"criu {kind} failed ({how}): {' | '.join(lines[-3:])}",
                           reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
     return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
 
