@@ -3,7 +3,7 @@
 Run by the supervisor as ``python -m drums_core.session.enter '<spec as JSON>'`` (host root). Everything this
 process needs is imported and built before it enters the session, and nothing of the session runs
 before the hardening is in place: it joins the session's cgroup, enters the pid, net, uts, ipc,
-mount and user namespaces of the session's init (through fds opened first), chroots to the init's
+mount, time and user namespaces of the session's init (through fds opened first), chroots to the init's
 root, drops the capability bounding set, loads the seccomp filter, becomes the session's root or
 ``user``, and only then forks and execs the command (a program the session may have replaced is
 thus never run with more than the session's own rights). Exit status: the command's own, or 125
@@ -19,7 +19,10 @@ from . import cgroups, containment
 from ..host import linux
 
 _NS_ORDER = (("pid", linux.CLONE_NEWPID), ("net", linux.CLONE_NEWNET), ("uts", linux.CLONE_NEWUTS),
-             ("ipc", linux.CLONE_NEWIPC), ("mnt", linux.CLONE_NEWNS), ("user", linux.CLONE_NEWUSER))
+             ("ipc", linux.CLONE_NEWIPC), ("mnt", linux.CLONE_NEWNS),
+             # a restored session runs in a time namespace of CRIU's making: a command outside it that
+             # outlives the exec would make every later snapshot of the session unrestorable
+             ("time", linux.CLONE_NEWTIME), ("user", linux.CLONE_NEWUSER))
 
 
 def enter(spec: dict) -> int:

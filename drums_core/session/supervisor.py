@@ -465,8 +465,10 @@ class Supervisor(CheckpointOps, RestoreOps):
         host_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input, env=host_env,
-                                 cwd="/")
+            # stdin is always a pipe (empty without input), never the daemon's own: a process the command
+            # leaves running would otherwise hold a host file, and the session could not be checkpointed
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input or "",
+                                 env=host_env, cwd="/")
         except subprocess.TimeoutExpired as exc:
             raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
         return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
