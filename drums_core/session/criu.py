@@ -82,18 +82,31 @@ class _LogPipe:
         return self.lines
 
 
-# Lines every CRIU run logs as errors on a host without iptables: CRIU probes for an
-# iptables(-legacy)-save/-restore binary ("... -V failed", and the execvp that failed) even when
-# the images hold no rules. They say nothing about a failure, and as the last error lines they hid
-# its cause.
-_NOISE = re.compile(r'ip6?tables(-legacy)?-(save|restore)(\ -V failed|", \.\.\.\) failed)')
+# Lines every CRIU run logs as errors on this kind of host, whatever it does: its probes for an
+# iptables(-legacy)-save/-restore binary ("... -V failed", and the execvp that failed) even when the
+# images hold no rules, and kerndat's probes of tun and of its own RLIMIT_NOFILE. They say nothing
+# about a failure, and as the last error lines they hid its cause.
+_NOISE = re.compile(r'ip6?tables(-legacy)?-(save|restore)(\ -V failed|", \.\.\.\) failed)'
+                    r"|tun: Unable to create tun: Operation not permitted"
+                    r"|rlimit: Can't setup RLIMIT_NOFILE for self")
 
 
 def error_lines(log: list[str], limit: int = 12) -> list[str]:
-    """The last ``limit`` lines of a CRIU log that report errors (the log's tail when none does)."""
+    """The lines of a CRIU log that report errors, the first and the last ones when there are more
+    than ``limit`` (the first says the cause, the last what it ended); the log's tail when none does."""
     errs = [line for line in log if ("Error" in line or "error" in line.lower() and "rlimit" not in line)
             and not _NOISE.search(line)]
-    return errs[-limit:] if errs else log[-limit:]
+    if not errs:
+        return log[-limit:]
+    return errs if len(errs) <= limit else errs[:limit // 2] + errs[-(limit - limit // 2):]
+
+
+def summary(lines: list[str]) -> str:
+    """One line for an error message: the first three error lines (the cause comes first: CRIU's
+    later lines are what it did about it) and the last one."""
+    if len(lines) <= 4:
+        return " | ".join(lines)
+    return " | ".join([*lines[:3], f"... {len(lines) - 4} more", lines[-1]])
 
 
 def _base_opts(images_dir: Path, work_fd: int, log_level: int) -> "rpc.criu_opts":
@@ -257,7 +270,7 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
                            "\n".join(log[-60:]))
         # without an errno CRIU gave no answer at all (it died, or closed the connection): say so
         how = f"errno {errno}" if errno is not None else str(failure)
-        raise Unavailable(f"criu {kind} failed ({how}): {' | '.join(lines[-3:])}",
+        raise Unavailable(f"criu {kind} failed ({how}): {summary(lines)}",
                           reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
     return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..errors import DrumsError, Internal, Unavailable
+from .criu import summary as criu_summary
 
 log = logging.getLogger("drums.restore")
 
@@ -104,7 +105,7 @@ def rolled_back(exc: BaseException, snapshot: str, corrupt: Callable[[], str | N
         if broken is not None:
             lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
             return Internal(f"restore of {snapshot} failed{where} on corrupt images: {broken}; "
-                            f"CRIU: {' | '.join(lines[-3:])}", reason="IMAGES_CORRUPT",
+                            f"CRIU: {criu_summary(lines)}", reason="IMAGES_CORRUPT",
                             detail=_with_step({"criu_log": lines, "verify": broken}, step))
     if isinstance(exc, DrumsError):
         if isinstance(exc, Unavailable) or exc.reason == "LINK_BUSY":
