@@ -8,7 +8,9 @@ never reads it makes every attempt fail: CRIU_FAILED, and the session goes on un
 
 The same holds for a process whose main thread has ended while another thread runs on (CRIU:
 "Zombies with threads are not supported"): a multi-threaded program that exits passes through
-that state for a moment (a LibreOffice launcher did, during an OSWorld task's setup).
+that state for a moment (a LibreOffice launcher did, during an OSWorld task's setup), and for a
+connection to a listening unix socket that sent data before the server accepted it (CRIU:
+"Non-empty write queue on an in-flight socket"; Chromium's processes connect so while it starts).
 """
 from __future__ import annotations
 
@@ -34,10 +36,16 @@ time.sleep(3600)
 """
 
 
+def _start_program(client, sid: str, name: str, source: str, delay: float) -> None:
+    """Run ``source`` as /tmp/<name>.py in the session, in the background, once it has written /tmp/sent."""
+    client.exec(sid, ["bash", "-c", f"cat > /tmp/{name}.py <<'EOF'\n{source}EOF"])
+    r = client.exec(sid, ["bash", "-c", f"setsid -f python3 /tmp/{name}.py {delay} >/dev/null 2>&1 </dev/null; "
+                                        "for i in $(seq 200); do [ -e /tmp/sent ] && exit 0; sleep 0.02; done; exit 1"])
+    assert r["returncode"] == 0, f"{name}.py never got to its transient state: {r}"
+
+
 def _start_holder(client, sid: str, delay: float) -> None:
-    client.exec(sid, ["bash", "-c", f"cat > /tmp/holder.py <<'EOF'\n{HOLDER}EOF"])
-    client.exec(sid, ["bash", "-c", f"setsid -f python3 /tmp/holder.py {delay} >/dev/null 2>&1 </dev/null; "
-                                    "for i in $(seq 100); do [ -e /tmp/sent ] && break; sleep 0.02; done"])
+    _start_program(client, sid, "holder", HOLDER, delay)
 
 
 def test_dump_retried_until_the_message_is_read(client):
@@ -129,6 +137,54 @@ def test_a_zombie_leader_whose_thread_never_ends_fails_the_checkpoint_and_the_se
     _checkpoint_fails_and_the_session_goes_on(
         client, lambda c, sid: _start_zombie_leader(c, sid, -1), "Zombies with threads",
         ["bash", "-c", "grep -q '^Threads:.*2' /proc/$(cat /tmp/zleader.pid)/status"])
+
+
+# A connection to a listening unix socket that has sent data before the server accepted it: while it
+# waits in the accept queue, CRIU calls it "in flight" and cannot take the data out of it
+INFLIGHT = r"""
+import os, socket, sys, time
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind("/tmp/inflight.sock")
+server.listen(4)
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+client.connect("/tmp/inflight.sock")
+client.send(b"hello before accept")
+open("/tmp/sent", "w").close()
+delay = float(sys.argv[1])
+time.sleep(3600 if delay < 0 else delay)
+conn, _ = server.accept()
+conn.recv(64)
+open("/tmp/read", "w").close()
+time.sleep(3600)
+"""
+
+
+def test_dump_retried_until_an_in_flight_socket_is_received(client):
+    s = client.create(BARE)
+    snap = None
+    try:
+        log = client.instance.log_file
+        seen = log.stat().st_size
+        _start_program(client, s["id"], "inflight", INFLIGHT, 0.6)
+        snap = client.checkpoint(s["id"], leave_running=True)
+        with log.open("rb") as f:
+            f.seek(seen)
+            assert b"in-flight socket" in f.read(), "the first dump did not meet the in-flight socket"
+        assert client.exec(s["id"], ["test", "-e", "/tmp/read"])["returncode"] == 0
+        (sib,) = client.restore(snap["id"], wait_live=True)
+        try:
+            assert client.exec(sib["id"], ["pgrep", "-f", "inflight.py"])["returncode"] == 0
+        finally:
+            client.destroy(sib["id"])
+    finally:
+        client.destroy(s["id"])
+    client.delete_snapshot(snap["id"])
+
+
+def test_a_socket_in_flight_for_good_fails_the_checkpoint_and_the_session_goes_on(client):
+    _checkpoint_fails_and_the_session_goes_on(
+        client, lambda c, sid: _start_program(c, sid, "inflight", INFLIGHT, -1),
+        "Non-empty write queue on an in-flight socket", ["pgrep", "-f", "inflight.py"])
 
 
 def test_a_failed_dump_whose_network_cannot_be_put_back_marks_the_session_broken(client):

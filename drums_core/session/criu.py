@@ -84,10 +84,12 @@ class _LogPipe:
 
 # Lines every CRIU run logs as errors on this kind of host, whatever it does: its probes for an
 # iptables(-legacy)-save/-restore binary ("... -V failed", and the execvp that failed) even when the
-# images hold no rules, and kerndat's probes of tun and of its own RLIMIT_NOFILE. They say nothing
-# about a failure, and as the last error lines they hid its cause.
+# images hold no rules, kerndat's probes of tun and of its own RLIMIT_NOFILE, and `ip`'s word on the
+# loopback addresses a restored namespace already has. They say nothing about a failure, and as the
+# last error lines they hid its cause.
 _NOISE = re.compile(r'ip6?tables(-legacy)?-(save|restore)(\ -V failed|", \.\.\.\) failed)'
                     r"|tun: Unable to create tun: Operation not permitted"
+                    r"|^Error: ipv[46]: [Aa]ddress already assigned\.$"
                     r"|rlimit: Can't setup RLIMIT_NOFILE for self")
 
 
@@ -294,8 +296,11 @@ GHOST_LIMIT = 64 << 20
 # again after a pause, at most DUMP_ATTEMPTS times in all. So is one that meets a process whose
 # main thread has ended while others run on ("Zombies with threads are not supported"): every
 # multi-threaded program that exits passes through that state until its last thread is gone (an
-# OSWorld task's setup met a LibreOffice launcher in it).
-TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported")
+# OSWorld task's setup met a LibreOffice launcher in it). So is one that meets a connection to a
+# listening unix socket that has sent data before the server accepted it ("Non-empty write queue on
+# an in-flight socket"): Chromium's processes connect so while it starts.
+TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported",
+                         "Non-empty write queue on an in-flight socket")
 DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
 

@@ -18,6 +18,8 @@ PROBES = [
 KERNDAT = [
     "Error (criu/tun.c:85): tun: Unable to create tun: Operation not permitted",
     "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted",
+    "Error: ipv4: Address already assigned.",   # ip's word on a restored namespace's loopback
+    "Error: ipv6: address already assigned.",
 ]
 
 
