@@ -89,7 +89,7 @@ class _LogPipe:
 # last error lines they hid its cause.
 _NOISE = re.compile(r'ip6?tables(-legacy)?-(save|restore)(\ -V failed|", \.\.\.\) failed)'
                     r"|tun: Unable to create tun: Operation not permitted"
-                    r"|^Error: ipv[46]: [Aa]ddress already assigned\.$"
+                    r"|Error: ipv[46]: [Aa]ddress already assigned"
                     r"|rlimit: Can't setup RLIMIT_NOFILE for self")
 
 
