@@ -190,10 +190,12 @@ class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
 
 
 def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
-    """A dump over ``criu swrk`` that answers CRIU's notifications: ``post_dump()`` runs at CRIU's
-    ``post-dump`` point, when every image is written and the tasks are still frozen (with
-    ``leave_running`` CRIU resumes them only after the answer). An exception from it answers
-    "failed": CRIU then fails the dump and resumes the tasks; the exception is raised here."""
+    """A dump over ``criu swrk`` that answers CRIU's notifications: at CRIU's ``post-dump`` point,
+    when every image is written and the tasks are still frozen (with ``leave_running`` CRIU resumes
+    them only after the answer), the images are checked for what CRIU cannot restore
+    (:func:`check_restorable`), then ``post_dump()`` (if any) runs. An exception from either answers
+    "failed": CRIU then fails the dump and resumes the tasks; the exception is raised here (a Drums
+    error as itself)."""
     req = rpc.criu_req()
     req.type = rpc.DUMP
     req.opts.MergeFrom(client.opts)
@@ -213,7 +215,9 @@ def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
             ok = True
             if resp.notify.script == "post-dump" and failure is None:
                 try:
-                    post_dump()
+                    check_restorable(Path(client.opts.images_dir))
+                    if post_dump is not None:
+                        post_dump()
                 except BaseException as exc:  # noqa: BLE001 - answered to CRIU, raised below
                     failure, ok = exc, False
             ack = rpc.criu_req()
@@ -224,6 +228,8 @@ def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
         raise _pycriu_mod.CRIUExceptionInternal(rpc.DUMP, str(exc)) from exc
     finally:
         client._comm.disconnect()
+    if isinstance(failure, Unavailable):
+        raise failure
     if isinstance(failure, Exception):
         raise Unavailable(f"the checkpoint's post-dump step failed (the tasks run on): {failure}",
                           reason="POST_DUMP_FAILED", detail={"error": str(failure)}) from failure
@@ -250,10 +256,8 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
     try:
         if kind == "restore":
             resp = client.restore()
-        elif post_dump is not None:
-            resp = _dump_notified(client, post_dump)
         else:
-            resp = client.dump()
+            resp = _dump_notified(client, post_dump)
     except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
         failure = exc
     finally:
@@ -298,7 +302,8 @@ GHOST_LIMIT = 64 << 20
 # multi-threaded program that exits passes through that state until its last thread is gone (an
 # OSWorld task's setup met a LibreOffice launcher in it). So is one that meets a connection to a
 # listening unix socket that has sent data before the server accepted it ("Non-empty write queue on
-# an in-flight socket"): Chromium's processes connect so while it starts.
+# an in-flight socket"): Chromium's processes connect so while it starts. And so is one whose images
+# hold a socket passed in a message not yet read (see check_restorable).
 TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported",
                          "Non-empty write queue on an in-flight socket")
 DUMP_ATTEMPTS = 5
@@ -306,8 +311,41 @@ DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
 
 
 def _transient(exc: Unavailable) -> bool:
+    if exc.reason == "SOCKET_IN_FLIGHT":
+        return True
     lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
     return any(marker in line for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+
+
+def _image(images_dir: Path, name: str) -> list[dict]:
+    try:
+        with open(images_dir / name, "rb") as f:
+            return pycriu.images.load(f)["entries"]
+    except FileNotFoundError:
+        return []
+
+
+def check_restorable(images_dir: Path) -> None:
+    """Raise ``Unavailable`` ``SOCKET_IN_FLIGHT`` when a dump's images hold what CRIU 4.2 writes but
+    cannot restore: a message waiting in a unix socket's queue that carries (SCM_RIGHTS) a unix
+    socket no process holds any more. Its restore fails in the receiver ("skqueue: Failed to send
+    packet: Bad file descriptor", then "Unable to open fd=N"): CRIU gives the carried socket to the
+    task of the sending socket while another task replays the queue. Chromium's processes pass
+    sockets so while it starts; the receiver reads them within milliseconds, so the dump is a
+    transient state and is tried again (:data:`DUMP_ATTEMPTS`). Reads only sk-queues.img when no
+    message carries files (every dump)."""
+    carrying = [(e["id_for"], right) for e in _image(images_dir, "sk-queues.img")
+                for scm in e.get("scm", []) for right in scm.get("rights", [])]
+    if not carrying:
+        return
+    held = {e["id"] for f in images_dir.glob("fdinfo-*.img") for e in _image(images_dir, f.name)}
+    sockets = {e["id"] for e in _image(images_dir, "files.img") if e.get("type") == "UNIXSK"}
+    flying = [(queue, right) for queue, right in carrying if right in sockets and right not in held]
+    if flying:
+        said = ", ".join(f"socket {right:#x} in the queue of {queue:#x}" for queue, right in flying)
+        raise Unavailable(f"a unix socket's queue holds a message carrying a socket no process holds ({said}): "
+                          "CRIU cannot restore that", reason="SOCKET_IN_FLIGHT",
+                          detail={"in_flight": [{"queue": q, "socket": r} for q, r in flying]})
 
 
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
