@@ -327,10 +327,11 @@ def _image(images_dir: Path, name: str) -> list[dict]:
 
 def check_restorable(images_dir: Path) -> None:
     """Raise ``Unavailable`` ``SOCKET_IN_FLIGHT`` when a dump's images hold what CRIU 4.2 writes but
-    cannot restore: a message waiting in a unix socket's queue that carries (SCM_RIGHTS) a unix
-    socket no process holds any more. Its restore fails in the receiver ("skqueue: Failed to send
-    packet: Bad file descriptor", then "Unable to open fd=N"): CRIU gives the carried socket to the
-    task of the sending socket while another task replays the queue. Chromium's processes pass
+    cannot reliably restore: a message waiting in a unix socket's queue that carries (SCM_RIGHTS) a
+    unix socket no process holds any more. A simple one restores; Chromium's failed in the receiver
+    ("skqueue: Failed to send packet: Bad file descriptor", then "Unable to open fd=N": CRIU gave the
+    carried socket to the task of the sending socket while another task replayed the queue), or
+    restored a Chromium that never mapped its window. Chromium's processes pass
     sockets so while it starts; the receiver reads them within milliseconds, so the dump is a
     transient state and is tried again (:data:`DUMP_ATTEMPTS`). Reads only sk-queues.img when no
     message carries files (every dump)."""
@@ -344,7 +345,7 @@ def check_restorable(images_dir: Path) -> None:
     if flying:
         said = ", ".join(f"socket {right:#x} in the queue of {queue:#x}" for queue, right in flying)
         raise Unavailable(f"a unix socket's queue holds a message carrying a socket no process holds ({said}): "
-                          "CRIU cannot restore that", reason="SOCKET_IN_FLIGHT",
+                          "CRIU cannot restore that reliably", reason="SOCKET_IN_FLIGHT",
                           detail={"in_flight": [{"queue": q, "socket": r} for q, r in flying]})
 
 
