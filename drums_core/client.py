@@ -265,7 +265,7 @@ class Client:
             Unavailable: ``STORE_FULL`` (no room even after evicting and spilling); nothing happened.
                 ``CRIU_FAILED`` (CRIU refused the dump; its error lines in ``detail``) and
                 ``SOCKET_IN_FLIGHT`` (the images held a socket passed in a message not yet read,
-                which CRIU cannot restore): a state that is usually transient (a message in a
+                which CRIU cannot reliably restore): a state usually transient (a message in a
                 queue, a thread still exiting) is tried again up to 5 times over 1.5 s first; the
                 session runs on untouched and no snapshot is left.
             Internal: ``SESSION_BROKEN`` (the session was already broken), ``CHECKPOINT_FAILED``
