@@ -28,7 +28,8 @@ _NS_ORDER = (("pid", linux.CLONE_NEWPID), ("net", linux.CLONE_NEWNET), ("uts", l
 def enter(spec: dict) -> int:
     pid = int(spec["pid"])
     seccomp_filter = containment.seccomp_filter()
-    ns_fds = [(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag) for name, flag in _NS_ORDER]
+    ns_fds = [(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), flag) for name, flag in _NS_ORDER
+              if name != "time" or os.path.exists("/proc/self/ns/time")]  # a kernel without time namespaces
     root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     if spec.get("cgroup"):
         cgroups.enter(spec["cgroup"])
