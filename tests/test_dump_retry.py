@@ -51,21 +51,36 @@ def _start_holder(client, sid: str, delay: float) -> None:
     _start_program(client, sid, "holder", HOLDER, delay)
 
 
-def test_dump_retried_until_the_message_is_read(client):
+def _dump_retried_until_it_passes(client, start, criu_says: bytes, passed: list[str],
+                                  in_sibling: list[str] | None = None) -> None:
+    """``start(client, sid)`` makes a state that passes by itself: the first dump attempt meets it
+    (``criu_says`` in the daemon log), a later one succeeds once it has passed (``passed`` runs
+    true in the session), and the snapshot restores (``in_sibling`` runs true in the sibling)."""
     s = client.create(BARE)
     snap = None
     try:
-        _start_holder(client, s["id"], 0.6)
+        log = client.instance.log_file
+        seen = log.stat().st_size
+        start(client, s["id"])
         snap = client.checkpoint(s["id"], leave_running=True)
-        assert client.exec(s["id"], ["test", "-e", "/tmp/read"])["returncode"] == 0
+        with log.open("rb") as f:
+            f.seek(seen)
+            assert criu_says in f.read(), f"the first dump did not meet {criu_says!r}"
+        assert client.exec(s["id"], passed)["returncode"] == 0
         (sib,) = client.restore(snap["id"], wait_live=True)
         try:
-            assert client.exec(sib["id"], ["pgrep", "-f", "holder.py"])["returncode"] == 0
+            if in_sibling:
+                assert client.exec(sib["id"], in_sibling)["returncode"] == 0
         finally:
             client.destroy(sib["id"])
     finally:
         client.destroy(s["id"])
     client.delete_snapshot(snap["id"])
+
+
+def test_dump_retried_until_the_message_is_read(client):
+    _dump_retried_until_it_passes(client, lambda c, sid: _start_holder(c, sid, 0.6), b"Control messages in queue",
+                                  ["test", "-e", "/tmp/read"], ["pgrep", "-f", "holder.py"])
 
 
 def _checkpoint_fails_and_the_session_goes_on(client, start, criu_says: str, still_there: list[str]) -> None:
@@ -118,22 +133,8 @@ def _start_zombie_leader(client, sid: str, delay: float) -> None:
 
 
 def test_dump_retried_until_a_zombie_leaders_last_thread_has_ended(client):
-    s = client.create(BARE)
-    snap = None
-    try:
-        log = client.instance.log_file
-        seen = log.stat().st_size
-        _start_zombie_leader(client, s["id"], 1.0)
-        snap = client.checkpoint(s["id"], leave_running=True)
-        with log.open("rb") as f:
-            f.seek(seen)
-            assert b"Zombies with threads" in f.read(), "the first dump did not meet the zombie leader"
-        assert client.exec(s["id"], ["bash", "-c", "test -e /proc/$(cat /tmp/zleader.pid)"])["returncode"] == 1
-        (sib,) = client.restore(snap["id"], wait_live=True)
-        client.destroy(sib["id"])
-    finally:
-        client.destroy(s["id"])
-    client.delete_snapshot(snap["id"])
+    _dump_retried_until_it_passes(client, lambda c, sid: _start_zombie_leader(c, sid, 1.0), b"Zombies with threads",
+                                  ["bash", "-c", "test ! -e /proc/$(cat /tmp/zleader.pid)"])
 
 
 def test_a_zombie_leader_whose_thread_never_ends_fails_the_checkpoint_and_the_session_goes_on(client):
@@ -163,25 +164,8 @@ time.sleep(3600)
 
 
 def test_dump_retried_until_a_connection_sent_on_is_accepted(client):
-    s = client.create(BARE)
-    snap = None
-    try:
-        log = client.instance.log_file
-        seen = log.stat().st_size
-        _start_program(client, s["id"], "inflight", INFLIGHT, 0.6)
-        snap = client.checkpoint(s["id"], leave_running=True)
-        with log.open("rb") as f:
-            f.seek(seen)
-            assert b"in-flight socket" in f.read(), "the first dump did not meet the in-flight socket"
-        assert client.exec(s["id"], ["test", "-e", "/tmp/read"])["returncode"] == 0
-        (sib,) = client.restore(snap["id"], wait_live=True)
-        try:
-            assert client.exec(sib["id"], ["pgrep", "-f", "inflight.py"])["returncode"] == 0
-        finally:
-            client.destroy(sib["id"])
-    finally:
-        client.destroy(s["id"])
-    client.delete_snapshot(snap["id"])
+    _dump_retried_until_it_passes(client, lambda c, sid: _start_program(c, sid, "inflight", INFLIGHT, 0.6),
+                                  b"in-flight socket", ["test", "-e", "/tmp/read"], ["pgrep", "-f", "inflight.py"])
 
 
 def test_a_connection_never_accepted_fails_the_checkpoint_and_the_session_goes_on(client):
@@ -210,25 +194,9 @@ time.sleep(3600)
 
 
 def test_dump_retried_until_a_socket_in_flight_is_received(client):
-    s = client.create(BARE)
-    snap = None
-    try:
-        log = client.instance.log_file
-        seen = log.stat().st_size
-        _start_program(client, s["id"], "flying", FLYING, 0.6)
-        snap = client.checkpoint(s["id"], leave_running=True)
-        with log.open("rb") as f:
-            f.seek(seen)
-            assert b"carrying a socket no process holds" in f.read(), "the first dump did not meet the socket"
-        assert client.exec(s["id"], ["test", "-e", "/tmp/read"])["returncode"] == 0
-        (sib,) = client.restore(snap["id"], wait_live=True)
-        try:
-            assert client.exec(sib["id"], ["pgrep", "-f", "flying.py"])["returncode"] == 0
-        finally:
-            client.destroy(sib["id"])
-    finally:
-        client.destroy(s["id"])
-    client.delete_snapshot(snap["id"])
+    _dump_retried_until_it_passes(client, lambda c, sid: _start_program(c, sid, "flying", FLYING, 0.6),
+                                  b"carrying a socket no process holds", ["test", "-e", "/tmp/read"],
+                                  ["pgrep", "-f", "flying.py"])
 
 
 def test_a_socket_in_flight_for_good_fails_the_checkpoint_and_the_session_goes_on(client):
