@@ -19,7 +19,7 @@ demo:
 #    worker's own, and the KSM settings the memory suite changes for one arm are put back after it;
 # 3. tests/faults (marker alone), with nothing else running: a fault window is valid only on a host
 #    with no CRIU mount of any process (a killed CRIU's leftovers would look like the window's).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 5
 PYTEST := $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60
 
 test:

@@ -75,7 +75,8 @@ _MARKS_BY_DIR = {"bench": ("root", "slow"), "faults": ("root", "slow", "alone"),
 def pytest_collection_modifyitems(session, config, items):
     """Mark each test by its folder, and run the fast unit lane first (``pytest -m 'not root'`` runs
     it alone); the rest follow by file, the longest files first (:mod:`tests.support.schedule`: the
-    desktop lane's workers then end together), each file's tests in their order."""
+    desktop lane's workers then end together), each file's tests in their order; the tests of a file
+    that the desktop lane hands out one by one (``schedule.SPLIT``) are ordered by their share."""
     tests_dir = Path(__file__).resolve().parent
     unit, rest = [], []
     for item in items:
@@ -87,11 +88,14 @@ def pytest_collection_modifyitems(session, config, items):
         for name in _MARKS_BY_DIR.get(top, ("root",)):
             item.add_marker(name)
         rest.append(item)
-    first_seen = {}
-    for i, item in enumerate(rest):
-        first_seen.setdefault(_relpath(item, tests_dir), i)
-    rest.sort(key=lambda item: (-schedule.weight(_relpath(item, tests_dir)), first_seen[_relpath(item, tests_dir)]))
-    items[:] = unit + rest
+    paths = [_relpath(item, tests_dir) for item in rest]
+    units = [schedule.unit_of(f"{p}::{item.nodeid.split('::', 1)[-1]}") for p, item in zip(paths, rest)]
+    weights = dict(zip(units, schedule.unit_weights(paths)))
+    first_seen: dict[str, int] = {}
+    for i, u in enumerate(units):
+        first_seen.setdefault(u, i)
+    order = sorted(range(len(rest)), key=lambda i: (-weights[units[i]], first_seen[units[i]], i))
+    items[:] = unit + [rest[i] for i in order]
 
 
 def _relpath(item, tests_dir: Path) -> str:
@@ -100,6 +104,12 @@ def _relpath(item, tests_dir: Path) -> str:
 
 # The processes of this run (pid, slot block): this one, and each xdist worker as it finishes.
 _RUN_PROCESSES: list[tuple[int, int]] = [(os.getpid(), BLOCK.index)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist controller: hand out whole files, or single tests of the files in ``schedule.SPLIT``."""
+    return schedule.make_scheduler(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)

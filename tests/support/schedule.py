@@ -1,52 +1,87 @@
-"""The order in which the desktop lane hands its files to the pytest-xdist workers: longest first.
+"""How the desktop lane hands its tests to the pytest-xdist workers: by file, longest first.
 
-A file's tests stay on one worker (``--dist loadfile``), so a long file handed out last keeps one
-worker busy while the others have nothing left (the lane's last minutes ran on one of three
-workers). Handing the longest files out first (longest processing time first) ends the workers
-together. The figures are each file's seconds (setup, call and teardown of its tests) in one
-fresh-clone run of ``make test`` with 3 workers; a file not listed counts as :data:`DEFAULT`.
-They only order the files: a wrong figure costs time, never a test.
+A file's tests stay on one worker (module fixtures, one module's desktops; :func:`make_scheduler`
+is ``--dist loadfile`` with this module's unit), except the files of :data:`SPLIT`, whose tests
+are handed out one by one. A long unit handed out last keeps one worker busy while the others have
+nothing left, so the units go out longest first (longest processing time first), and the workers
+end together. The figures are each file's seconds (setup, call and teardown of its tests) in one
+fresh-clone run of ``make test`` with 3 workers (DRUMS_TEST_CPU's rows); a file not listed counts
+as :data:`DEFAULT`, a test of a split file as its share of the file's figure. They only order the
+work: a wrong figure costs time, never a test.
 """
 from __future__ import annotations
 
-DEFAULT = 20.0
+DEFAULT = 12.0
 
 FILE_SECONDS = {
-    "tests/bench/test_bench_smoke.py": 417,
-    "tests/bench/test_osworld_tasks.py": 44,
-    "tests/osworld/test_reference_solutions.py": 735,
-    "tests/osworld/test_post_setup_budget.py": 284,
-    "tests/test_images.py": 276,
-    "tests/gym/test_gym_env.py": 255,
-    "tests/test_a11y.py": 194,
-    "tests/test_snapshots.py": 177,
-    "tests/osworld/test_reuse.py": 143,
-    "tests/test_tasks_local.py": 127,
-    "tests/test_engine.py": 115,
-    "tests/osworld/test_provider.py": 106,
-    "tests/test_layer_chain.py": 89,
-    "tests/test_store_budget.py": 78,
-    "tests/gym/test_rollouts.py": 78,
-    "tests/test_osworld_desktop.py": 60,
-    "tests/test_evaluation_parity.py": 59,
-    "tests/test_cli.py": 58,
-    "tests/gym/test_branch_from_step.py": 57,
-    "tests/ray/test_ray_pool.py": 48,
-    "tests/ray/test_bench_cluster.py": 42,
-    "tests/test_network_policy.py": 41,
-    "tests/test_session_limits.py": 39,
-    "tests/gym/test_demo.py": 39,
-    "tests/osworld/test_setup_failure_osworld.py": 35,
-    "tests/test_guest_in_session.py": 35,
-    "tests/test_containment.py": 31,
-    "tests/guest/test_server.py": 29,
-    "tests/guest/test_osworld_compat.py": 28,
-    "tests/gym/test_setup_failure.py": 27,
-    "tests/ray/test_transfer.py": 17,
-    "tests/test_dump_retry.py": 16,
+    "tests/bench/test_bench_smoke.py": 380,
+    "tests/osworld/test_reference_solutions.py": 368,
+    "tests/osworld/test_post_setup_budget.py": 213,
+    "tests/gym/test_gym_env.py": 165,
+    "tests/test_snapshots.py": 105,
+    "tests/test_tasks_local.py": 97,
+    "tests/osworld/test_reuse.py": 93,
+    "tests/test_engine.py": 87,
+    "tests/test_images.py": 84,
+    "tests/test_a11y.py": 72,
+    "tests/osworld/test_provider.py": 58,
+    "tests/test_layer_chain.py": 50,
+    "tests/ray/test_bench_cluster.py": 46,
+    "tests/bench/test_osworld_tasks.py": 43,
+    "tests/gym/test_rollouts.py": 42,
+    "tests/gym/test_branch_from_step.py": 42,
+    "tests/test_store_budget.py": 39,
+    "tests/test_session_limits.py": 34,
+    "tests/test_evaluation_parity.py": 34,
+    "tests/test_dump_retry.py": 33,
+    "tests/test_guest_in_session.py": 33,
+    "tests/gym/test_demo.py": 32,
+    "tests/test_cli.py": 30,
+    "tests/test_osworld_desktop.py": 29,
+    "tests/test_network_policy.py": 26,
+    "tests/ray/test_ray_pool.py": 21,
+    "tests/guest/test_server.py": 18,
+    "tests/test_containment.py": 16,
+    "tests/guest/test_osworld_compat.py": 14,
+    "tests/osworld/test_setup_failure_osworld.py": 12,
 }
+
+# Files whose tests are handed out one by one: the two longest, whose tests share nothing but
+# session-wide fixtures (each benchmark smoke run has instances of its own; each reference solution
+# its own DesktopEnv). Whole, either would keep one worker busy for minutes after the others ended.
+SPLIT = frozenset({"tests/bench/test_bench_smoke.py", "tests/osworld/test_reference_solutions.py"})
 
 
 def weight(relpath: str) -> float:
     """The expected seconds of the test file at ``relpath`` (``tests/...``, forward slashes)."""
     return float(FILE_SECONDS.get(relpath, DEFAULT))
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a worker is handed for the test ``nodeid``: its file, or the test alone
+    in a file of :data:`SPLIT`."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in SPLIT else path
+
+
+def unit_weights(relpaths: list[str]) -> list[float]:
+    """Each test's share of its unit's expected seconds, for tests at ``relpaths`` (one per test,
+    in collection order): a whole file's figure for a file handed out whole, a file's figure
+    divided among its tests for a file of :data:`SPLIT`."""
+    count: dict[str, int] = {}
+    for p in relpaths:
+        count[p] = count.get(p, 0) + 1
+    return [weight(p) / count[p] if p in SPLIT else weight(p) for p in relpaths]
+
+
+def make_scheduler(config, log):
+    """The desktop lane's pytest-xdist scheduler: ``--dist loadfile`` whose unit is
+    :func:`unit_of` (a file, or one test of a file in :data:`SPLIT`), handed out in collection
+    order (tests/conftest.py sorts it longest first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return ByUnit(config, log)
