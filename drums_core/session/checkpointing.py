@@ -63,11 +63,8 @@ def wait_init_dead(s: Session, timeout: float) -> None:
 def _window_titles(s: Session) -> list[str]:
     """The titles of the session's mapped windows (a readiness hint for its restores; [] if unknown)."""
     try:
-        d = display.connect(s.display)
-        try:
+        with display.opened(s.display) as d:  # closed once the server let go of its end: see display
             return [w.title for w in display.windows(d) if w.mapped and w.title]
-        finally:
-            d.close()
     except Exception:  # noqa: BLE001 - window titles are a readiness hint only
         return []
 

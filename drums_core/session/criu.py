@@ -303,9 +303,19 @@ GHOST_LIMIT = 64 << 20
 # OSWorld task's setup met a LibreOffice launcher in it). So is one that meets a connection to a
 # listening unix socket that has sent data before the server accepted it ("Non-empty write queue on
 # an in-flight socket"): Chromium's processes connect so while it starts. And so is one whose images
-# hold a socket passed in a message not yet read (see check_restorable).
+# hold a socket passed in a message not yet read (see check_restorable). And so is one that meets a
+# connection made from outside the session to one of its unix sockets ("Unix socket N not found":
+# the session's end of it belongs to the connecting side's network namespace, not the session's):
+# the daemon's own X connections (screenshots, windows) end before a dump (display.close), but a
+# screenshot asked for while a checkpoint starts, or an X server that has not yet closed its end of
+# one, is such a state for a moment. Patterns, searched in CRIU's error lines.
 TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported",
-                         "Non-empty write queue on an in-flight socket")
+                         "Non-empty write queue on an in-flight socket", r"Unix socket \d+ not found")
+# What a dump error that outlasted the attempts means, added to the error's message
+DUMP_ERROR_MEANINGS = {
+    r"Unix socket \d+ not found": "a process of the session holds a unix socket of another network namespace, "
+                                  "e.g. its end of a connection made from outside the session",
+}
 DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
 
@@ -314,7 +324,16 @@ def _transient(exc: Unavailable) -> bool:
     if exc.reason == "SOCKET_IN_FLIGHT":
         return True
     lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
-    return any(marker in line for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+    return any(re.search(marker, line) for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+
+
+def _explained(exc: Unavailable) -> Unavailable:
+    """``exc`` with what its CRIU error means added to its message, when :data:`DUMP_ERROR_MEANINGS` knows."""
+    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
+    for pattern, meaning in DUMP_ERROR_MEANINGS.items():
+        if any(re.search(pattern, line) for line in lines):
+            return Unavailable(f"{exc.message} ({meaning})", reason=exc.reason, detail=exc.detail)
+    return exc
 
 
 def _image(images_dir: Path, name: str) -> list[dict]:
@@ -362,7 +381,10 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
                               timeout=timeout, post_dump=post_dump)
         except Unavailable as exc:
             if attempt == DUMP_ATTEMPTS or not _transient(exc):
-                raise
+                err = _explained(exc)
+                if err is exc:
+                    raise
+                raise err from exc
             log_module.info("criu dump of %d met a transient state (attempt %d): %s; again in %.1fs", pid, attempt,
                      exc.message, pause)
             for entry in os.scandir(images_dir):  # the failed attempt's partial images

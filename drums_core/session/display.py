@@ -6,13 +6,21 @@ symlink the session planted there is refused rather than followed to a host sock
 registers each session's display number with :func:`register_session` (:func:`connect` then uses
 that route). There is no ``/tmp/.X11-unix/X<display>`` link on the host: one through
 ``/proc/<pid>/root`` would follow whatever the session planted at its socket's path.
+
+A connection the daemon makes belongs to the host's network namespace, and so does the X server's
+end of it: while the X server holds that end, CRIU cannot dump the session ("Unix socket N not
+found": it is not among the sockets of the session's namespace). :func:`close` (and :func:`opened`)
+therefore return only once the server has let go of its end.
 """
 from __future__ import annotations
 
 import io
+import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 from Xlib import X, display as xdisplay, error as xerror
@@ -62,10 +70,43 @@ class Window:
 
 
 def connect(number: int) -> xdisplay.Display:
+    """A connection to display ``number`` (``Unavailable X_UNREACHABLE``); end it with :func:`close`."""
     try:
         return xdisplay.Display(f":{number}")
     except (xerror.DisplayError, OSError, ConnectionError, TimeoutError) as exc:
         raise Unavailable(f"X display :{number} not reachable: {exc}", reason="X_UNREACHABLE") from exc
+
+
+def close(d: xdisplay.Display, timeout: float = X_TIMEOUT) -> None:
+    """End ``d`` and return once the X server has closed its end (at most ``timeout`` s): this side
+    stops writing, the server reads the end of the stream and closes the client, and only then does
+    this side read the end of the stream in turn. Never raises (a dead connection is closed as well)."""
+    sock = d.display.socket
+    try:
+        d.flush()
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):  # events and replies still on the way are dropped
+                break
+    except (OSError, ConnectionError, xerror.XError):
+        pass
+    finally:
+        try:
+            d.close()
+        except Exception:  # noqa: BLE001 - the socket is closed whatever Xlib thinks of it
+            sock.close()
+
+
+@contextmanager
+def opened(number: int) -> Iterator[xdisplay.Display]:
+    """``with opened(n) as d``: a connection to display ``n``, ended by :func:`close`."""
+    d = connect(number)
+    try:
+        yield d
+    finally:
+        close(d)
 
 
 def _title(d: xdisplay.Display, win) -> str:
@@ -272,11 +313,10 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
                     last = f"screen blank ({frac:.3f} <= {min_nonblank})"
                 else:
                     last = f"no mapped window matching {expect_title!r}"
-            except Unavailable as exc:
-                last = str(exc)
-                d = None
-            except (xerror.XError, ConnectionError, OSError) as exc:
-                last = f"X error: {exc}"
+            except (Unavailable, xerror.XError, ConnectionError, OSError) as exc:
+                last = str(exc) if isinstance(exc, Unavailable) else f"X error: {exc}"
+                if d is not None:
+                    close(d, timeout=1.0)
                 d = None
             if time.monotonic() > deadline:
                 raise Unavailable(f"desktop not ready after {timeout}s: {last}", reason="NOT_READY")
@@ -284,7 +324,4 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
             delay = min(delay * 2, 0.05)
     finally:
         if d is not None:
-            try:
-                d.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection
-                pass
+            close(d)

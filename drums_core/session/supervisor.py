@@ -475,19 +475,13 @@ class Supervisor(CheckpointOps, RestoreOps):
 
     def screenshot(self, sid: str) -> bytes:
         s = self._usable(sid)
-        d = display.connect(s.display)
-        try:
+        with display.opened(s.display) as d:
             return display.png(display.grab(d))
-        finally:
-            d.close()
 
     def windows(self, sid: str) -> list[dict]:
         s = self._usable(sid)
-        d = display.connect(s.display)
-        try:
+        with display.opened(s.display) as d:
             return [asdict(w) for w in display.windows(d)]
-        finally:
-            d.close()
 
     def processes(self, sid: str) -> list[ProcessInfo]:
         return session_processes(self.get(sid).init_pid)

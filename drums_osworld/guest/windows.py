@@ -233,11 +233,17 @@ def close_id(xc: XConnection, win_id: int) -> bool:
 
 
 def wmctrl_by_name(xc: XConnection, action: str, name: str, strict: bool, by_class: bool) -> bool:
-    """``wmctrl -[x][F]a|c NAME``; True when a window matched. ``action`` is ``a`` or ``c``."""
+    """``wmctrl -[x][F]a|c NAME``; True when a window matched. ``action`` is ``a`` or ``c``.
+
+    wmctrl also fails when a window still in the window manager's client list is already gone (it
+    exits on the X error, BadWindow): right after another window was closed, that list lags behind.
+    So a failure of wmctrl is checked against this module's own listing (which skips such windows),
+    and a window that matches there is acted on directly."""
     if shutil.which("wmctrl"):
         flags = "-{}{}{}".format("x" if by_class else "", "F" if strict else "", action)
         r = subprocess.run(["wmctrl", flags, name], capture_output=True, timeout=10)
-        return r.returncode == 0
+        if r.returncode == 0:
+            return True
     found = match(list_windows(xc), name, strict, by_class)
     if not found:
         return False
