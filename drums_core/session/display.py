@@ -78,18 +78,12 @@ def connect(number: int) -> xdisplay.Display:
 
 
 def close(d: xdisplay.Display, timeout: float = X_TIMEOUT) -> None:
-    """End ``d`` and return once the X server has closed its end (at most ``timeout`` s): this side
-    stops writing, the server reads the end of the stream and closes the client, and only then does
-    this side read the end of the stream in turn. Never raises (a dead connection is closed as well)."""
+    """End ``d`` and return once the X server has closed its end (at most ``timeout`` s, see
+    :func:`until_peer_closed`). Never raises (a dead connection is closed as well)."""
     sock = d.display.socket
     try:
         d.flush()
-        sock.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            if not sock.recv(1 << 16):  # events and replies still on the way are dropped
-                break
+        until_peer_closed(sock, timeout)
     except (OSError, ConnectionError, xerror.XError):
         pass
     finally:
@@ -97,6 +91,23 @@ def close(d: xdisplay.Display, timeout: float = X_TIMEOUT) -> None:
             d.close()
         except Exception:  # noqa: BLE001 - the socket is closed whatever Xlib thinks of it
             sock.close()
+
+
+def until_peer_closed(sock: socket.socket, timeout: float) -> bool:
+    """Stop writing on ``sock``, then read (and drop) what still comes until the peer has closed its
+    end: the peer reads the end of the stream and closes, and only then does this side read the end
+    of the stream in turn. True when it did within ``timeout`` s; False after that, however much the
+    peer goes on sending (the peer is the session's, and may never close)."""
+    sock.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(1 << 16):
+                return True
+        except TimeoutError:
+            return False
+    return False
 
 
 @contextmanager
