@@ -10,7 +10,7 @@ that route). There is no ``/tmp/.X11-unix/X<display>`` link on the host: one thr
 A connection the daemon makes belongs to the host's network namespace, and so does the X server's
 end of it: while the X server holds that end, CRIU cannot dump the session ("Unix socket N not
 found": it is not among the sockets of the session's namespace). :func:`close` (and :func:`opened`)
-therefore return only once the server has let go of its end.
+therefore return only once the server has closed its end (the kernel says it is released).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import numpy as np
 from Xlib import X, display as xdisplay, error as xerror
 from Xlib.support import connect as _xconnect
 
-from ..host import safepath
+from ..host import safepath, unixsock
 from ..errors import DrumsError, Unavailable
 
 X_TIMEOUT = 15.0  # seconds any one read or write on a session's X connection may take
@@ -94,20 +94,31 @@ def close(d: xdisplay.Display, timeout: float = X_TIMEOUT) -> None:
 
 
 def until_peer_closed(sock: socket.socket, timeout: float) -> bool:
-    """Stop writing on ``sock``, then read (and drop) what still comes until the peer has closed its
-    end: the peer reads the end of the stream and closes, and only then does this side read the end
-    of the stream in turn. True when it did within ``timeout`` s; False after that, however much the
-    peer goes on sending (the peer is the session's, and may never close)."""
+    """Stop writing on ``sock``, then wait until the peer has closed its end: read (and drop) what
+    still comes until the end of the stream (the peer read ours, and shut its end down or closed
+    it), then until the kernel reports the peer's socket released (a server may shut a connection
+    down before it closes its descriptor: X's transport layer does). True when that happened within
+    ``timeout`` s; False after that, however the peer behaves (it is the session's, and may never
+    close, or flood)."""
     sock.shutdown(socket.SHUT_WR)
     deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
         sock.settimeout(left)
         try:
             if not sock.recv(1 << 16):
-                return True
+                break
         except TimeoutError:
             return False
-    return False
+    pause = 0.001
+    while unixsock.peer_inode(sock) != 0:
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    return True
 
 
 @contextmanager

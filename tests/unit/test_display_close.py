@@ -35,6 +35,26 @@ def test_returns_once_the_peer_has_closed_its_end():
     ours.close()
 
 
+def test_a_peer_that_shuts_down_first_is_waited_for_until_it_closes():
+    """X's transport layer shuts a connection down, then closes it: the end of the stream comes
+    first, and the socket is still held until the close."""
+    closed_at = []
+
+    def serve(s):
+        while s.recv(4096):
+            pass
+        s.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.3)
+        closed_at.append(time.monotonic())
+        s.close()
+
+    ours, _, t = _pair_with_server(serve)
+    assert until_peer_closed(ours, 5.0) is True
+    assert closed_at and time.monotonic() >= closed_at[0]
+    t.join(1)
+    ours.close()
+
+
 def test_a_peer_that_never_closes_is_given_up_on_after_the_timeout():
     ours, theirs, _ = _pair_with_server(lambda s: None)
     t0 = time.monotonic()
