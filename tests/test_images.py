@@ -351,6 +351,53 @@ def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name
 
 
 @pytest.mark.timeout(1800)
+def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, image_name: str,
+                                                               default_image: images.Manifest) -> None:
+    """A build step runs in a mount namespace whose root is the image's own: a session's overlay of
+    another image, unmounted on the host while the step runs, is gone (users_of finds no user).
+    With a chroot the step's namespace kept a copy of every host mount: under the parallel lane
+    another worker's apt-get held a test's overlay, and a rebuild was refused as IMAGE_IN_USE."""
+    images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
+    other = f"{image_name}-b"
+    (tmp_path / "b").mkdir()
+    spec = images.load_spec(_user_spec(tmp_path / "b", other, commands=[
+        "touch /tmp/at-command; while [ ! -e /tmp/go-on ]; do sleep 0.2; done"]))
+    errors: list[BaseException] = []
+
+    def build_other() -> None:
+        try:
+            images.build(spec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    try:
+        with _session_overlay(tmp_path, image_name):
+            worker = threading.Thread(target=build_other)
+            worker.start()
+            try:
+                def at_command() -> bool:
+                    assert worker.is_alive(), f"the other build ended early: {errors}"
+                    return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(other))
+
+                wait_until(at_command, 600, "the other build to reach its command", every=0.2)
+                assert images.users_of(image_name), "the session overlay is not seen as a user"
+            except BaseException:
+                for d in image_store.stale_builds(other):
+                    (d / "rootfs/tmp/go-on").touch()
+                worker.join(timeout=600)
+                raise
+        try:
+            assert images.users_of(image_name) == [], "a build step's namespace holds the unmounted overlay"
+        finally:
+            for d in image_store.stale_builds(other):
+                (d / "rootfs/tmp/go-on").touch()
+            worker.join(timeout=600)
+        assert not errors, errors
+    finally:
+        _cleanup(other)
+
+
+@pytest.mark.timeout(1800)
 def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swapped_in(
         tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
     first = images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))

@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,10 @@ def _set_pdeathsig() -> None:
 
 
 # Runs in fresh pid + mount namespaces (unshare --kill-child): mounts and processes die with it.
+# The root becomes the namespace's own (image_root), so the namespace holds no other mount.
 _CHROOT_SETUP = r"""
-root=$1 network=$2 cmd=$3
+root=$1 network=$2 cmd=$3 python=$4 package_root=$5
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
@@ -74,7 +77,8 @@ if [ "$network" = 1 ]; then
         mount --bind "$bundle" "$root$bundle"
     fi
 fi
-exec chroot "$root" /bin/sh -ec "$cmd"
+exec "$python" -I -c 'import sys; sys.path.insert(0, sys.argv[1]); from drums_core.host import image_root
+image_root.main(sys.argv[2:])' "$package_root" "$root" "$cmd"
 """
 
 _ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8",
@@ -121,7 +125,8 @@ class Builder:
                capture: bool = False, args: tuple[str, ...] = ()) -> str:
         if args:  # positional parameters for the script inside the chroot
             script = f"set -- {' '.join(_sh_quote(a) for a in args)}\n{script}"
-        argv = ["sh", "-ec", _CHROOT_SETUP, "drums-chroot", str(self.rootfs), "1" if network else "0", script]
+        argv = ["sh", "-ec", _CHROOT_SETUP, "drums-chroot", str(self.rootfs), "1" if network else "0", script,
+                sys.executable, str(Path(__file__).resolve().parents[2])]  # this drums_core's image_root
         return self.run(argv, what, stdin=stdin, capture=capture)
 
 
