@@ -398,6 +398,38 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
 
 
 @pytest.mark.timeout(1800)
+def test_the_copy_of_the_base_runs_in_the_hosts_mount_namespace(tmp_path: Path, image_name: str,
+                                                                 default_image: images.Manifest) -> None:
+    """The copy of a derived image's base mounts nothing, so it gets no mount namespace of its own:
+    one would hold a copy of every host mount for the copy's duration (run G: another worker's copy
+    held a test's unmounted overlay, and a rebuild was refused as IMAGE_IN_USE)."""
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    seen: list[tuple[int, bool]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if argv[:2] == [b"cp", b"-a"] and any(image_name.encode() in a for a in argv):
+                        seen.append((int(pid), os.stat(f"/proc/{pid}/ns/mnt").st_ino == ours))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
+    finally:
+        done.set()
+        watcher.join()
+    assert seen, "the copy of the base was never seen running"
+    assert all(same for _, same in seen), f"the copy ran in a mount namespace of its own: {seen[:3]}"
+
+
+@pytest.mark.timeout(1800)
 def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swapped_in(
         tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
     first = images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))

@@ -105,9 +105,14 @@ class Builder:
     def say(self, text: str) -> None:
         self.progress(f"[image] {self.spec.name}: {text}")
 
-    def run(self, argv: list[str], what: str, *, stdin: bytes | None = None, capture: bool = False) -> str:
-        """Run ``argv`` in its own pid and mount namespaces; output to the build log (or returned)."""
-        full = ["unshare", "--pid", "--kill-child=SIGKILL", "--mount", "--propagation", "private", "--", *argv]
+    def run(self, argv: list[str], what: str, *, stdin: bytes | None = None, capture: bool = False,
+            mounts: bool = True) -> str:
+        """Run ``argv`` in its own pid namespace, and with ``mounts`` its own mount namespace (its mounts
+        end with it); output to the build log (or returned). A mount namespace starts as a copy of
+        every host mount and holds it while the step runs (the host's mounts are private here: an
+        unmount on the host does not reach the copy), so a step that mounts nothing goes without."""
+        own_mounts = ["--mount", "--propagation", "private"] if mounts else []
+        full = ["unshare", "--pid", "--kill-child=SIGKILL", *own_mounts, "--", *argv]
         with open(self.log_path, "ab") as logf:
             logf.write(f"\n### {what}\n".encode())
             logf.flush()
@@ -151,7 +156,7 @@ def _debootstrap(b: Builder) -> None:
 def _copy_base(b: Builder) -> None:
     b.say(f"copying image {b.spec.base} ...")
     base = rootfs_path(b.spec.base)  # the caller holds the base's lock, shared
-    b.run(["cp", "-a", "--reflink=auto", str(base), str(b.rootfs)], f"copy of image {b.spec.base}")
+    b.run(["cp", "-a", "--reflink=auto", str(base), str(b.rootfs)], f"copy of image {b.spec.base}", mounts=False)
     b.say("unshifting ids ...")
     shift_ids(b.rootfs, -config.ID_BASE)
 

@@ -21,10 +21,12 @@ Store layout (``config.IMAGE_STORE``, a disk filesystem, never a tmpfs)::
 
 A build happens in ``.build-<name>-<rand8>`` and is swapped onto ``<name>`` with one
 ``renameat2(RENAME_EXCHANGE)`` (or a rename when there is no old image) only when complete, so a
-half-built image is never visible. Everything a build runs (mmdebstrap, chroot commands) runs in
-its own pid and mount namespaces tied to the builder's life (parent-death signal, ``unshare
---kill-child``): a killed builder leaves no process and no mount, only a ``.build-*`` directory
-that the next build of that name removes. Names never start with ``.``, so they cannot collide.
+half-built image is never visible. Everything a build runs (mmdebstrap, the copy of a base, chroot
+commands) runs in its own pid namespace, and what mounts (mmdebstrap, chroot commands) in its own
+mount namespace, tied to the builder's life (parent-death signal, ``unshare --kill-child``): a
+killed builder leaves no process and no mount, only a ``.build-*`` directory that the next build of
+that name removes. Chroot commands pivot into the image's root (``image_root``), so their namespace
+holds no copy of the host's other mounts. Names never start with ``.``, so they cannot collide.
 
 Identity:
 
