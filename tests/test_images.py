@@ -200,6 +200,30 @@ def _assert_ids_in_range(rootfs: Path) -> None:
     assert not bad, f"{len(bad)} files outside the session's id range, e.g. {bad[:5]}"
 
 
+def _build_in_background(spec: images.ImageSpec) -> tuple[threading.Thread, list[BaseException]]:
+    """``images.build(spec)`` started in a thread; what it raises lands in the returned list."""
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            images.build(spec)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    return worker, errors
+
+
+def _wait_at_command(worker: threading.Thread, errors: list[BaseException], name: str, what: str) -> None:
+    """Wait until the build of ``name`` in ``worker`` has reached a command that touched /tmp/at-command."""
+    def at_command() -> bool:
+        assert worker.is_alive(), f"{what} ended early: {errors}"
+        return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(name))
+
+    wait_until(at_command, 600, f"{what} to reach its command", every=0.2)
+
+
 @contextmanager
 def _session_overlay(tmp_path: Path, name: str) -> Iterator[Path]:
     """An overlay over the image, mounted as a session launcher mounts it (under images.mounting)."""
@@ -362,39 +386,20 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
     (tmp_path / "b").mkdir()
     spec = images.load_spec(_user_spec(tmp_path / "b", other, commands=[
         "touch /tmp/at-command; while [ ! -e /tmp/go-on ]; do sleep 0.2; done"]))
-    errors: list[BaseException] = []
-
-    def build_other() -> None:
-        try:
-            images.build(spec)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            errors.append(exc)
-
+    worker = None
     try:
         with _session_overlay(tmp_path, image_name):
-            worker = threading.Thread(target=build_other)
-            worker.start()
-            try:
-                def at_command() -> bool:
-                    assert worker.is_alive(), f"the other build ended early: {errors}"
-                    return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(other))
-
-                wait_until(at_command, 600, "the other build to reach its command", every=0.2)
-                assert images.users_of(image_name), "the session overlay is not seen as a user"
-            except BaseException:
-                for d in image_store.stale_builds(other):
-                    (d / "rootfs/tmp/go-on").touch()
-                worker.join(timeout=600)
-                raise
-        try:
-            assert images.users_of(image_name) == [], "a build step's namespace holds the unmounted overlay"
-        finally:
+            worker, errors = _build_in_background(spec)
+            _wait_at_command(worker, errors, other, "the other build")
+            assert images.users_of(image_name), "the session overlay is not seen as a user"
+        assert images.users_of(image_name) == [], "a build step's namespace holds the unmounted overlay"
+    finally:
+        if worker is not None:
             for d in image_store.stale_builds(other):
                 (d / "rootfs/tmp/go-on").touch()
             worker.join(timeout=600)
-        assert not errors, errors
-    finally:
         _cleanup(other)
+    assert not errors, errors
 
 
 @pytest.mark.timeout(1800)
@@ -436,22 +441,9 @@ def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swap
     # The second build waits in its command until the test has started a "session" on the image.
     spec = images.load_spec(_user_spec(tmp_path, image_name, commands=[
         "touch /tmp/at-command; while [ ! -e /tmp/session-started ]; do sleep 0.2; done"]))
-    errors: list[BaseException] = []
-
-    def rebuild() -> None:
-        try:
-            images.build(spec)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=rebuild)
-    worker.start()
+    worker, errors = _build_in_background(spec)
     try:
-        def at_command() -> bool:
-            assert worker.is_alive(), f"the rebuild ended early: {errors}"
-            return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(image_name))
-
-        wait_until(at_command, 600, "the rebuild to reach its command", every=0.2)
+        _wait_at_command(worker, errors, image_name, "the rebuild")
         with _session_overlay(tmp_path, image_name):
             for d in image_store.stale_builds(image_name):
                 (d / "rootfs/tmp/session-started").touch()

@@ -10,11 +10,8 @@ it, and ``image_store.users_of`` rightly counted it, refusing to rebuild or remo
 from __future__ import annotations
 
 import os
-import sys
 
 from . import linux
-
-MNT_DETACH = 2
 
 
 def enter(root: str) -> None:
@@ -24,7 +21,7 @@ def enter(root: str) -> None:
         os.chdir(root)
         linux.pivot_root(".", ".")  # the old root now lies over the new one, at "."
         os.fchdir(old)
-        linux.umount(".", MNT_DETACH)
+        linux.umount(".", linux.MNT_DETACH)
     finally:
         os.close(old)
     os.chdir("/")
@@ -34,7 +31,3 @@ def main(argv: list[str]) -> None:
     root, command = argv
     enter(root)
     os.execv("/bin/sh", ["/bin/sh", "-ec", command])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

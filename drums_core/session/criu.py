@@ -320,18 +320,20 @@ DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
 
 
-def _transient(exc: Unavailable) -> bool:
-    if exc.reason == "SOCKET_IN_FLIGHT":
-        return True
+def _said(exc: Unavailable, pattern: str) -> bool:
+    """Whether one of CRIU's error lines in ``exc`` matches ``pattern``."""
     lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
-    return any(re.search(marker, line) for line in lines for marker in TRANSIENT_DUMP_ERRORS)
+    return any(re.search(pattern, line) for line in lines)
+
+
+def _transient(exc: Unavailable) -> bool:
+    return exc.reason == "SOCKET_IN_FLIGHT" or any(_said(exc, marker) for marker in TRANSIENT_DUMP_ERRORS)
 
 
 def _explained(exc: Unavailable) -> Unavailable:
     """``exc`` with what its CRIU error means added to its message, when :data:`DUMP_ERROR_MEANINGS` knows."""
-    lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
     for pattern, meaning in DUMP_ERROR_MEANINGS.items():
-        if any(re.search(pattern, line) for line in lines):
+        if _said(exc, pattern):
             return Unavailable(f"{exc.message} ({meaning})", reason=exc.reason, detail=exc.detail)
     return exc
 
