@@ -378,9 +378,10 @@ def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name
 def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, image_name: str,
                                                                default_image: images.Manifest) -> None:
     """A build step runs in a mount namespace whose root is the image's own: a session's overlay of
-    another image, unmounted on the host while the step runs, is gone (users_of finds no user).
-    With a chroot the step's namespace kept a copy of every host mount: under the parallel lane
-    another worker's apt-get held a test's overlay, and a rebuild was refused as IMAGE_IN_USE."""
+    another image, unmounted on the host while the step runs, is gone from it. With a chroot the
+    step's namespace kept a copy of every host mount: under the parallel lane another worker's
+    apt-get held a test's overlay, and a rebuild was refused as IMAGE_IN_USE. (users_of now passes
+    over such unpivoted copies, so this reads the step's own mount tables.)"""
     images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
     other = f"{image_name}-b"
     (tmp_path / "b").mkdir()
@@ -389,10 +390,14 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
     worker = None
     try:
         with _session_overlay(tmp_path, image_name):
+            overlay_dir = f"drums-image-test-{image_name}-"
             worker, errors = _build_in_background(spec)
             _wait_at_command(worker, errors, other, "the other build")
             assert images.users_of(image_name), "the session overlay is not seen as a user"
-        assert images.users_of(image_name) == [], "a build step's namespace holds the unmounted overlay"
+            step = _namespaces_of_descendants()
+            assert step, "the build step runs in no mount namespace of its own"
+        held = {pid: point for pid in step for point in _mount_points(pid) if overlay_dir in point}
+        assert not held, f"a build step's namespace holds the unmounted overlay: {held}"
     finally:
         if worker is not None:
             for d in image_store.stale_builds(other):
@@ -400,6 +405,90 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
             worker.join(timeout=600)
         _cleanup(other)
     assert not errors, errors
+
+
+def _namespaces_of_descendants() -> list[int]:
+    """One pid per mount namespace, other than ours, among this test process's descendants."""
+    children: dict[int, list[int]] = {}
+    for p in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(p))
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    found: dict[int, int] = {}
+    todo = [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+            except OSError:
+                continue
+            if ns != ours:
+                found.setdefault(ns, pid)
+    return list(found.values())
+
+
+def _mount_points(pid: int) -> list[str]:
+    try:
+        return [line.split()[4] for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+    except OSError:
+        return []
+
+
+_HOLDER = """
+import signal, sys
+from drums_core.host import image_root, linux
+linux.unshare(linux.CLONE_NEWNS)
+linux.mount("none", "/", None, linux.MS_REC | linux.MS_PRIVATE)
+if sys.argv[1] != "-":
+    image_root.enter(sys.argv[1])
+print("in", flush=True)
+signal.pause()
+"""
+
+
+def _namespace_holder(root: str) -> subprocess.Popen:
+    """A process in a mount namespace of its own, copied from ours: pivoted into ``root`` (a
+    mount point), as a session's init is, or left a copy of the host's table (``-``)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, root], cwd=CHECKOUT, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "in\n", f"the holder of {root} did not start"
+    return proc
+
+
+@pytest.mark.timeout(1800)
+def test_a_pivoted_namespace_on_the_image_is_a_user_and_an_unpivoted_copy_is_not(
+        tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
+    """users_of counts a namespace that lives on the image (a session's, pivoted into its overlay),
+    also once the host has unmounted the overlay; a copy of the host's table that still holds the
+    unmounted overlay (a CRIU restore or a session launch in flight: run I's refused rebuild) is
+    no user, and the image can be removed while it lives."""
+    images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
+    holders: list[subprocess.Popen] = []
+    try:
+        with _session_overlay(tmp_path, image_name):
+            merged = next(p for p in _mount_points(os.getpid()) if f"drums-image-test-{image_name}-" in p)
+            holders = [_namespace_holder("-"), _namespace_holder(merged)]
+            copy, pivoted = holders
+            assert any(merged in p for p in _mount_points(copy.pid)), "the copy does not hold the overlay"
+        users = images.users_of(image_name)
+        assert users == [f"/ (overlay lower; {pivoted.pid})"], users
+        with pytest.raises(FailedPrecondition, match="IMAGE_IN_USE"):
+            images.remove(image_name)
+        pivoted.kill()
+        pivoted.wait()
+        assert any(merged in p for p in _mount_points(copy.pid)), "the copy let the overlay go"
+        assert images.users_of(image_name) == []
+        images.remove(image_name)
+        with pytest.raises(NotFound):
+            images.get(image_name)
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.timeout(1800)

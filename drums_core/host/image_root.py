@@ -5,7 +5,8 @@ namespace, once ROOT is a mount point with /proc, /sys and /dev under it. It mak
 that namespace (pivot_root) and detaches the rest, then runs COMMAND with ``/bin/sh -ec`` there.
 A chroot would leave the namespace holding a copy of every host mount for the step's duration
 (an apt-get install: minutes): a session's overlay unmounted on the host meanwhile lived on in
-it, and ``image_store.users_of`` rightly counted it, refusing to rebuild or remove that image.
+it, pinned, and ``image_store.users_of`` then counted it, refusing to rebuild or remove that
+image (it now passes over such unpivoted copies, which CRIU's restores also make).
 """
 from __future__ import annotations
 
