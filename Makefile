@@ -10,7 +10,9 @@ demo:
 	cd $(ROOT) && scripts/provision && $(PYTHON) -m drums_osworld.apps.demo
 
 # make test, in three lanes (each checks at its end that it left nothing on the host):
-# 1. the unit lane (no root, no sessions), alone and first: it fails in a minute when it fails;
+# 1. the unit lane (no root, no sessions), first: it fails in a minute when it fails; lane 3 runs
+#    beside it (below) and is stopped when it fails (SIGINT, which a shell's background job would
+#    ignore without env --default-signal: its windows clean up on KeyboardInterrupt);
 # 2. the tests on real desktops, in TEST_WORKERS pytest-xdist workers: each worker runs its own
 #    daemon instance on a slot block of its own (tests/support/slots.py), and a file's tests stay
 #    on one worker (module fixtures, one module's desktops) except in the two longest files, whose
@@ -18,13 +20,19 @@ demo:
 #    desktops more than it computes: at 3 workers this 2-core machine's CPUs were 45% idle.
 #    The benchmark smoke runs (tests/bench) are among them: each runs on instances and slots of its
 #    worker's own, and the KSM settings the memory suite changes for one arm are put back after it;
-# 3. tests/faults (marker alone), with nothing else running: a fault window is valid only on a host
-#    with no CRIU mount of any process (a killed CRIU's leftovers would look like the window's).
+# 3. tests/faults (marker alone), with no other desktop test running: a fault window is valid only
+#    on a host with no CRIU mount of any process (a killed CRIU's leftovers would look like the
+#    window's). The unit lane makes no session, mount or CRIU run, so it runs beside it: the
+#    windows run one by one on one of the two CPUs, the unit lane takes the other. Its output is
+#    printed after the unit lane's.
 TEST_WORKERS ?= 5
 PYTEST := $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60
 
 test:
 	cd $(ROOT) && scripts/provision
-	cd $(ROOT) && $(PYTEST) -m "not root" tests
+	cd $(ROOT) && log=$$(mktemp /tmp/drums-alone-lane.XXXXXX) && \
+	  { env --default-signal=INT $(PYTEST) -m alone tests > $$log 2>&1 & alone=$$!; } && \
+	  if $(PYTEST) -m "not root" tests; then wait $$alone; rc=$$?; else kill -INT $$alone; wait $$alone; rc=1; fi; \
+	  echo "======== the alone lane (-m alone), run beside the unit lane ========"; \
+	  cat $$log; rm -f $$log; exit $$rc
 	cd $(ROOT) && $(PYTEST) -m "root and not alone" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
-	cd $(ROOT) && $(PYTEST) -m alone tests
