@@ -16,8 +16,8 @@ demo:
 # 2. the tests on real desktops, in TEST_WORKERS pytest-xdist workers: each worker runs its own
 #    daemon instance on a slot block of its own (tests/support/slots.py), and a file's tests stay
 #    on one worker (module fixtures, one module's desktops) except in the two longest files, whose
-#    tests go out one by one; the longest first (tests/support/schedule.py). The lane waits on
-#    desktops more than it computes: at 3 workers this 2-core machine's CPUs were 45% idle.
+#    tests go out one by one; the longest first (tests/support/schedule.py). At 5 workers the lane
+#    is CPU-bound: this 2-core machine's CPUs were 93 to 99% busy through it (at 3, 45% idle).
 #    The benchmark smoke runs (tests/bench) are among them: each runs on instances and slots of its
 #    worker's own, and the KSM settings the memory suite changes for one arm are put back after it;
 # 3. tests/faults (marker alone), with no other desktop test running: a fault window is valid only
