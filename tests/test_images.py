@@ -455,7 +455,12 @@ def _namespace_holder(root: str) -> subprocess.Popen:
     mount point), as a session's init is, or left a copy of the host's table (``-``)."""
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, root], cwd=CHECKOUT, stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "in\n", f"the holder of {root} did not start"
+    assert proc.stdout is not None
+    if proc.stdout.readline() != "in\n":
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        pytest.fail(f"the holder of {root} did not start (exit {proc.returncode})")
     return proc
 
 
@@ -464,14 +469,15 @@ def test_a_pivoted_namespace_on_the_image_is_a_user_and_an_unpivoted_copy_is_not
         tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
     """users_of counts a namespace that lives on the image (a session's, pivoted into its overlay),
     also once the host has unmounted the overlay; a copy of the host's table that still holds the
-    unmounted overlay (a CRIU restore or a session launch in flight: run I's refused rebuild) is
-    no user, and the image can be removed while it lives."""
+    unmounted overlay (a CRIU restore or a session launch in flight: under the parallel lane one
+    made a rebuild fail as IMAGE_IN_USE) is no user, and the image can be removed while it lives."""
     images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
     holders: list[subprocess.Popen] = []
     try:
         with _session_overlay(tmp_path, image_name):
             merged = next(p for p in _mount_points(os.getpid()) if f"drums-image-test-{image_name}-" in p)
-            holders = [_namespace_holder("-"), _namespace_holder(merged)]
+            for root in ("-", merged):  # one at a time: a holder that fails to start leaves none behind
+                holders.append(_namespace_holder(root))
             copy, pivoted = holders
             assert any(merged in p for p in _mount_points(copy.pid)), "the copy does not hold the overlay"
         users = images.users_of(image_name)
@@ -489,6 +495,7 @@ def test_a_pivoted_namespace_on_the_image_is_a_user_and_an_unpivoted_copy_is_not
         for proc in holders:
             proc.kill()
             proc.wait()
+            proc.stdout.close()
 
 
 @pytest.mark.timeout(1800)
