@@ -12,15 +12,17 @@ import json
 
 E0DF = "os/e0df059f-28a6-4169-924f-b9623e7184cc.json"
 
-# The agent's long-lived process: seeded once; each time ~/go appears it appends its next draw.
+# The agent's long-lived process: seeded once; each time ~/go appears it appends its next draw,
+# then removes ~/go. In that order: the reader takes ~/go's absence to mean "drawn" (removed
+# first, a reader under load read the previous draw in the gap, as if the sibling had not drawn).
 DRAWER = ("import os, random, time\n"
           "random.seed(20240607); [random.random() for _ in range(3)]\n"
           "home = os.path.expanduser('~')\n"
           "while True:\n"
           "    if os.path.exists(home + '/go'):\n"
-          "        os.remove(home + '/go')\n"
           "        with open(home + '/draws', 'a') as f:\n"
           "            f.write(repr(random.random()) + '\\n')\n"
+          "        os.remove(home + '/go')\n"
           "    time.sleep(0.05)\n")
 
 SNIPPET = f'''
