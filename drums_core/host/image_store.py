@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import config
 from ..errors import FailedPrecondition, NotFound, Unavailable
-from . import linux
+from . import linux, mounttable
 
 log = logging.getLogger("drums_core.host.images")
 
@@ -244,14 +244,14 @@ def _fs_relative(path: Path) -> tuple[str, str]:
     return dev, os.path.normpath(os.path.join(best_root, rel))
 
 
-def _root_mount(lines: list[str]) -> tuple[str, str] | None:
-    """(major:minor, root within its filesystem) of the mount a mount table has on top at ``/``."""
-    top = None
-    for line in lines:
-        fields = line.split(" - ")[0].split()
-        if len(fields) >= 5 and fields[4] == "/":
-            top = (fields[2], _unescape(fields[3]))
-    return top
+def _root_mount(text: str) -> tuple[str, str] | None:
+    """(major:minor, root within its filesystem) of the mount a mount table has on top at ``/``;
+    None when the table does not parse (such a namespace is then never taken for a copy)."""
+    try:
+        tops = [(m.dev, m.root) for m in mounttable.parse_mountinfo(text) if m.mountpoint == "/"]
+    except ValueError:
+        return None
+    return tops[-1] if tops else None
 
 
 def users_of(name: str) -> list[str]:
@@ -273,14 +273,15 @@ def users_of(name: str) -> list[str]:
     dev, rel = _fs_relative(rootfs)
     needle = str(rootfs)
     users: list[str] = []
-    host_root = _root_mount(Path("/proc/self/mountinfo").read_text().splitlines())
+    host_root = _root_mount(Path("/proc/self/mountinfo").read_text())
     for i, mountinfo in enumerate(_mount_namespaces()):  # ours first
         try:
-            lines = mountinfo.read_text().splitlines()
+            text = mountinfo.read_text()
         except OSError:
             continue
-        if i > 0 and _root_mount(lines) == host_root:
+        if i > 0 and host_root is not None and _root_mount(text) == host_root:
             continue
+        lines = text.splitlines()
         for line in lines:
             pre, _, post = line.partition(" - ")
             fields = pre.split()
