@@ -25,7 +25,7 @@ import pytest
 
 from drums_core import config
 
-from drums_core.host import idshift, image_recipe, image_store, images
+from drums_core.host import idshift, image_recipe, image_store, images, procs
 from drums_core.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 
 from tests.support.wait import wait_until
@@ -409,25 +409,12 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
 
 def _namespaces_of_descendants() -> list[int]:
     """One pid per mount namespace, other than ours, among this test process's descendants."""
-    children: dict[int, list[int]] = {}
-    for p in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(p))
-    ours = os.stat("/proc/self/ns/mnt").st_ino
-    found: dict[int, int] = {}
-    todo = [os.getpid()]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            todo.append(pid)
-            try:
-                ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
-            except OSError:
-                continue
-            if ns != ours:
-                found.setdefault(ns, pid)
+    ours = procs.mnt_ns("self")
+    found: dict[str, int] = {}
+    for pid in sorted(procs.descendants(procs.scan_processes(), [os.getpid()])):
+        ns = procs.mnt_ns(pid)
+        if ns and ns != ours:
+            found.setdefault(ns, pid)
     return list(found.values())
 
 
