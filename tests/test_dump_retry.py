@@ -17,6 +17,9 @@ Chromium that never showed its window): the dump is refused (SOCKET_IN_FLIGHT) a
 And for a connection from the host to one of the session's unix sockets (CRIU: "Unix socket N not
 found": the session's end of it is a socket of the host's network namespace): the daemon's own X
 connections are ended before it goes on, so its screenshots and window lists leave none behind.
+And for a netlink socket holding a message its program has not read yet (CRIU: "netlink: The socket
+has data to read"; Chromium asks the kernel about its links while it starts, and an OSWorld task's
+checkpoint met that).
 """
 from __future__ import annotations
 
@@ -93,9 +96,10 @@ def test_dump_retried_until_the_message_is_read(client):
                                   ["test", "-e", "/tmp/read"], ["pgrep", "-f", "holder.py"])
 
 
-def _checkpoint_fails_and_the_session_goes_on(client, start, criu_says: str, still_there: list[str]) -> None:
+def _checkpoint_fails_and_the_session_goes_on(client, start, criu_says: str, still_there: list[str]) -> Unavailable:
     """``start(client, sid)`` makes a state that never passes: every dump attempt meets it, the
-    checkpoint fails with CRIU's words, and the session runs on with the program still there."""
+    checkpoint fails with CRIU's words (the error is returned), and the session runs on with the
+    program still there."""
     s = client.create(BARE)
     try:
         start(client, s["id"])
@@ -106,6 +110,7 @@ def _checkpoint_fails_and_the_session_goes_on(client, start, criu_says: str, sti
         assert client.get(s["id"])["state"] == "RUNNING"
     finally:
         client.destroy(s["id"])
+    return exc.value
 
 
 def test_an_fd_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
@@ -242,6 +247,42 @@ def test_a_failed_dump_whose_network_cannot_be_put_back_marks_the_session_broken
     finally:
         client.destroy(s["id"])
     assert s["id"] not in {x["id"] for x in client.list()}
+
+
+# A netlink socket holding the kernel's answer to a request its program has not read yet (CRIU 4.2
+# dumps no netlink queue); Chromium asks the kernel about its links and addresses so while it starts
+NETLINK_ASKER = r"""
+import socket, struct, sys, time
+RTM_GETLINK, NLM_F_REQUEST, NLM_F_DUMP = 18, 1, 0x300
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+s.bind((0, 0))
+request = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)  # struct ifinfomsg: every link
+s.send(struct.pack("=IHHII", 16 + len(request), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + request)
+open("/tmp/sent", "w").close()
+delay = float(sys.argv[1])
+time.sleep(3600 if delay < 0 else delay)
+s.setblocking(False)
+try:
+    while s.recv(65536):
+        pass
+except BlockingIOError:
+    pass
+open("/tmp/read", "w").close()
+time.sleep(3600)
+"""
+
+
+def test_dump_retried_until_a_netlink_answer_is_read(client):
+    _dump_retried_until_it_passes(client, lambda c, sid: _start_program(c, sid, "asker", NETLINK_ASKER, 0.6),
+                                  b"netlink: The socket has data to read", ["test", "-e", "/tmp/read"],
+                                  ["pgrep", "-f", "asker.py"])
+
+
+def test_a_netlink_answer_never_read_fails_the_checkpoint_and_the_session_goes_on(client):
+    exc = _checkpoint_fails_and_the_session_goes_on(
+        client, lambda c, sid: _start_program(c, sid, "asker", NETLINK_ASKER, -1),
+        "netlink: The socket has data to read", ["pgrep", "-f", "asker.py"])
+    assert "netlink socket with a message it has not read" in exc.message, exc.message
 
 
 def _x_connection_from_the_host(session):

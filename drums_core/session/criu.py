@@ -308,13 +308,20 @@ GHOST_LIMIT = 64 << 20
 # the session's end of it belongs to the connecting side's network namespace, not the session's):
 # the daemon's own X connections (screenshots, windows) end before a dump (display.close), but a
 # screenshot asked for while a checkpoint starts, or an X server that has not yet closed its end of
-# one, is such a state for a moment. Patterns, searched in CRIU's error lines.
+# one, is such a state for a moment. So is one that meets a netlink socket with a message not yet
+# read ("netlink: The socket has data to read": CRIU 4.2 dumps no netlink queue): the kernel's answer
+# to a request, or a notice of a change to the network, waits there until its program reads it, and
+# Chromium asks the kernel about its links and addresses while it starts. Patterns, searched in
+# CRIU's error lines.
 TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported",
-                         "Non-empty write queue on an in-flight socket", r"Unix socket \d+ not found")
+                         "Non-empty write queue on an in-flight socket", r"Unix socket \d+ not found",
+                         "netlink: The socket has data to read")
 # What a dump error that outlasted the attempts means, added to the error's message
 DUMP_ERROR_MEANINGS = {
     r"Unix socket \d+ not found": "a process of the session holds a unix socket of another network namespace, "
                                   "e.g. its end of a connection made from outside the session",
+    "netlink: The socket has data to read": "a process of the session holds a netlink socket with a message it "
+                                            "has not read, e.g. the kernel's answer to its request",
 }
 DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
