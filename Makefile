@@ -21,9 +21,10 @@ demo:
 #    The benchmark smoke runs (tests/bench) are among them: each runs on instances and slots of its
 #    worker's own, and the KSM settings the memory suite changes for one arm are put back after it;
 # 3. tests/faults (marker alone), with no other desktop test running: a fault window is valid only
-#    on a host with no CRIU mount of any process (a killed CRIU's leftovers would look like the
-#    window's). The unit lane makes no session, mount or CRIU run, so it runs beside it: the
-#    windows run one by one on one of the two CPUs, the unit lane takes the other. Its output is
+#    on a host where nothing but its neighbour window's processes, mounts and CRIU runs (anything
+#    else would look like the window's leftovers). The unit lane makes no session, mount or CRIU
+#    run, so it runs beside it: the windows run two at a time (each CPU-bound on one CPU; the
+#    harness tells a neighbour's from leftovers), the unit lane takes what is left. Its output is
 #    printed after the unit lane's.
 TEST_WORKERS ?= 5
 PYTEST := $(PYTHON) -m pytest -p no:cacheprovider -v -rfE --durations=60

@@ -1,9 +1,15 @@
 """The fault-window driver: kill a real drumsd at one named point, then check what the sweep leaves.
 
-For every window, on its own daemon instance (own state tmpfs, socket, slot range, nftables table):
+Two windows run at once (``DRUMS_FW_PARALLEL``; no two ``nat`` windows together: they share the
+stand-in upstream), each on its own daemon instance (own state tmpfs, socket, slot range, nftables
+table). Each window's checks tell the other window's live processes, CRIU and mounts from leftovers
+(:class:`Running`): its tagged processes, CRIU and mounts are skipped by the check before a window,
+a copy of the host's mount table held by one of its processes before a pivot is not a holder of this
+run's mounts (P1), and a ``/tmp/.criu.*`` mount counts only when it stays (every CRIU run mounts a
+probe there for milliseconds: :func:`lasting_criu_mounts`). For every window:
 
-1. refuse to run on an unclean host (anything of this harness left over, a ``/tmp/.criu.*`` mount):
-   the window is recorded ``INVALID`` and the next one is tried;
+1. refuse to run on an unclean host (anything of this harness left over, a ``/tmp/.criu.*`` mount
+   that stays): the window is recorded ``INVALID`` and the next one is tried;
 2. a healthy daemon builds a session (bare X, xterm, or bare X plus a crowd of 300 tasks and 64 MiB
    of memory, so that CRIU's restore lasts well beyond the timed windows), checkpoints it and stops
    cleanly;
@@ -50,9 +56,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,38 +249,65 @@ def _criu_tmp_dirs() -> list[str]:
         return []
 
 
-def harness_footprint(slot_lo: int, slot_hi: int, exclude_pids: set[int] = frozenset()) -> list[str]:
-    """What this harness (any run of it) could have left on the host, plus ``/tmp/.criu.*`` mounts.
+def lasting_criu_mounts(points: list[str], timeout: float = 2.0) -> list[str]:
+    """Those of the ``/tmp/.criu.*`` mount points ``points`` that are still mounted after ``timeout``.
+
+    Every CRIU run on a host whose ``/run`` is not a tmpfs (this one's; CRIU then keeps no kerndat
+    cache) mounts a probe tmpfs at ``/tmp/.criu.move_mount_set_group.*`` in the host's mount table
+    and removes it milliseconds later: one seen while another window's CRIU runs is that probe.
+    What a killed CRIU left stays, and is returned."""
+    def still() -> list[str]:
+        try:
+            now = {m.mountpoint for m in mounttable.read_mountinfo()}
+        except (OSError, ValueError):
+            return list(points)
+        return [p for p in points if p in now]
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(lambda: not still(), timeout, "CRIU's probe mounts to go", every=0.05)
+    return still()
+
+
+def harness_footprint(slot_lo: int, slot_hi: int, exclude_pids: set[int] = frozenset(),
+                      running: Iterable[Instance] = ()) -> list[str]:
+    """What this harness (any run of it) could have left on the host, plus ``/tmp/.criu.*`` mounts
+    that last (:func:`lasting_criu_mounts`).
 
     Empty on a clean host. Used before each window (a window never runs on an unclean host) and
-    by the tests of the harness itself.
+    by the tests of the harness itself. ``running``: the instances of windows this harness runs at
+    the same time (their tagged processes, CRIU, mounts, slots and tables are theirs, not leftovers).
     """
+    running = list(running)
+    busy = {inst.name for inst in running}
+    busy_tags = tuple(f"drums:{name}-" for name in busy)
+    busy_slots = {s for inst in running for s in range(inst.slot_base, inst.slot_base + inst.slot_count)}
+    busy_tables = tuple("drums_" + name.replace("-", "_") + "_" for name in busy)
     out: list[str] = []
     table = procs.scan_processes()
     for p in table.values():
         if p.zombie or p.pid in exclude_pids:
             continue
-        bad = [t for t in p.tags if TAG_RE.match(t)]
+        bad = [t for t in p.tags if TAG_RE.match(t) and not t.startswith(busy_tags)]
         if bad:
             out.append(f"process {p.describe()} tagged {bad[0]}")
             continue
-        if p.is_criu and any(_harness_instance_of(n) for n in procs.proc_paths(p.pid).all()):
+        if p.is_criu and any(_harness_instance_of(n) not in (None, *busy) for n in procs.proc_paths(p.pid).all()):
             out.append(f"criu {p.describe()} names a harness instance")
     try:
         mounts = mounttable.read_mountinfo()
     except (OSError, ValueError) as exc:
         return out + [f"mountinfo unreadable: {exc}"]
+    criu_points = [m.mountpoint for m in mounts if m.mountpoint.startswith("/tmp/.criu.")]
+    out += [f"mount {p} (left by CRIU)" for p in lasting_criu_mounts(criu_points)] if criu_points else []
     for m in mounts:
-        if m.mountpoint.startswith("/tmp/.criu."):
+        if _harness_instance_of(m.mountpoint) not in (None, *busy):
             out.append(f"mount {m.mountpoint} ({m.fstype})")
-        elif _harness_instance_of(m.mountpoint):
-            out.append(f"mount {m.mountpoint} ({m.fstype})")
-    mine = {f"dvh{s}" for s in range(slot_lo, slot_hi)}
+    mine = {f"dvh{s}" for s in range(slot_lo, slot_hi) if s not in busy_slots}
     out += [f"link {n}" for n in sorted(_links() & mine)]
-    xmine = {str(X11_DIR / f"X{100 + s}") for s in range(slot_lo, slot_hi)}
+    xmine = {str(X11_DIR / f"X{100 + s}") for s in range(slot_lo, slot_hi) if s not in busy_slots}
     out += [f"x11 link {p}" for p in sorted(set(_x11_links()) & xmine)]
     try:
-        out += [f"nft table {n}" for n in sorted(_nft_names()) if NFT_RE.match(n)]
+        out += [f"nft table {n}" for n in sorted(_nft_names()) if NFT_RE.match(n) and not n.startswith(busy_tables)]
     except OSError as exc:
         out.append(f"nft unreadable: {exc}")
     return out
@@ -452,10 +487,33 @@ def sweep_counts(report: dict | None) -> dict:
     return out
 
 
+class Running:
+    """The instances of the windows this harness runs at this moment (two run at once, see
+    :func:`run_windows`): each window's checks tell a neighbour's live processes, CRIU and mounts from
+    leftovers of its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._instances: dict[str, Instance] = {}
+
+    def add(self, inst: Instance) -> None:
+        with self._lock:
+            self._instances[inst.name] = inst
+
+    def remove(self, inst: Instance) -> None:
+        with self._lock:
+            self._instances.pop(inst.name, None)
+
+    def others(self, inst: Instance) -> list[Instance]:
+        with self._lock:
+            return [i for name, i in self._instances.items() if name != inst.name]
+
+
 class WindowRun:
     def __init__(self, window: Window, index: int, *, harness_run: str, iteration: int,
-                 slot_lo: int, slot_hi: int) -> None:
+                 slot_lo: int, slot_hi: int, running: Running | None = None) -> None:
         self.w = window
+        self.running = running or Running()
         self.index = index
         self.inst = Instance(name=f"fw{os.getpid()}-{index:02d}", slot_base=slot_lo + index * SLOTS_PER_WINDOW,
                              slot_count=SLOTS_PER_WINDOW)
@@ -466,25 +524,30 @@ class WindowRun:
         self.decoys = Decoys()
         self.run: str | None = None
         self.criu_tmp_before = set(_criu_tmp_dirs())
+        self.host_root: tuple[str, str] | None = None  # (dev, root) of the host's "/", read before the sweep
         self.notes: list[str] = []
 
     # -------------------------------------------------------------- driver
     def execute(self) -> dict:
         t0 = time.monotonic()
-        dirty = harness_footprint(self.slot_lo, self.slot_hi)
+        dirty = harness_footprint(self.slot_lo, self.slot_hi, running=self.running.others(self.inst))
         if self.inst.state_dir.exists() and any(self.inst.state_dir.iterdir()):
             dirty.append(f"state dir {self.inst.state_dir} exists and is not empty")
         if dirty:
             self.row.update(status="INVALID", **{"pass": False}, invalid=dirty[:20], criteria={},
                             seconds=round(time.monotonic() - t0, 2))
             return self.row
+        self.running.add(self.inst)
         try:
             self._drive()
         except Exception as exc:  # noqa: BLE001 - the row records it; the next window still runs
             self.notes.append(f"harness error: {exc!r}")
             self.row["traceback"] = traceback.format_exc()[-4000:]
         finally:
-            self._cleanup()
+            try:
+                self._cleanup()
+            finally:
+                self.running.remove(self.inst)
         for c in CRITERIA:
             self.criteria.setdefault(c, {"pass": False, "detail": "not checked"})
         self.row["criteria"] = {c: self.criteria[c] for c in CRITERIA}
@@ -644,6 +707,8 @@ class WindowRun:
         before = snapshot_host_state({run: self.run_dirs})
         decoy_mount = str(self.decoys.mount)
         self.host_points = {m["mountpoint"] for m in before["mounts"].get(run, [])} | {decoy_mount}
+        host_tops = [m for m in mounttable.read_mountinfo() if m.mountpoint == "/"]
+        self.host_root = (host_tops[-1].dev, host_tops[-1].root) if host_tops else None
         mounts = [m["mountpoint"] for m in before["mounts"].get(run, []) if m["mountpoint"] != decoy_mount]
         unrecorded = [m for m in mounts if not ownedpaths.within_any(m, claims["paths"])]
         exact = [m for m in mounts if m in mount_parts]
@@ -734,6 +799,7 @@ class WindowRun:
             if procs.is_alive(pid, start):
                 add(pid, f"recorded pid {pid} (start {start}) alive")
         own_ns = procs.mnt_ns("self")
+        neighbours = self._neighbour_processes(table)
         ns_verdict: dict[str, str | None] = {}
         for p in table.values():
             if p.zombie or p.pid in me or p.pid in decoys:
@@ -744,7 +810,7 @@ class WindowRun:
             ns = procs.mnt_ns(p.pid)
             if ns and ns != own_ns:
                 if ns not in ns_verdict:
-                    ns_verdict[ns] = self._holds_run_mounts(p.pid)
+                    ns_verdict[ns] = self._holds_run_mounts(p.pid, neighbours)
                 if ns_verdict[ns]:
                     add(p.pid, f"mount namespace {ns_verdict[ns]}: {p.describe()}")
                 continue
@@ -753,7 +819,24 @@ class WindowRun:
                 add(p.pid, f"names {hit}: {p.describe()}")
         return out
 
-    def _holds_run_mounts(self, pid: int) -> str | None:
+    def _neighbour_processes(self, table: dict[int, procs.ProcInfo]) -> set[int]:
+        """Processes of the windows running beside this one: tagged with one of their runs, or a
+        ``criu`` naming one of their state dirs, and everything below those."""
+        others = self.running.others(self.inst)
+        if not others:
+            return set()
+        tags = tuple(f"drums:{inst.name}-" for inst in others)
+        dirs = [str(inst.state_dir) for inst in others]
+        roots = [p.pid for p in table.values() if not p.zombie and (
+            any(t.startswith(tags) for t in p.tags)
+            or (p.is_criu and any(ownedpaths.within_any(n, dirs) for n in procs.proc_paths(p.pid).all())))]
+        return set(roots) | procs.descendants(table, roots)
+
+    def _holds_run_mounts(self, pid: int, neighbours: set[int] = frozenset()) -> str | None:
+        """Why ``pid``'s mount namespace holds the run's mounts, or None. A neighbour window's process
+        in a namespace whose root is still the host's (its CRIU restore or session launch before the
+        pivot) holds a copy of the host's table taken while this run's mounts were there: not the
+        run's. Nothing of this run is ever below a neighbour's process."""
         try:
             mounts = mounttable.read_mountinfo(pid)
         except (OSError, ValueError):
@@ -761,6 +844,9 @@ class WindowRun:
         roots = [m for m in mounts if m.mountpoint == "/"]
         if roots and any(ownedpaths.within_any(ref, self.run_dirs) for ref in roots[-1].referenced_paths()):
             return f"rooted in the run's overlay ({roots[-1].superopts[:120]})"
+        if pid in neighbours and roots and (roots[-1].dev, roots[-1].root) == self.host_root:
+            self.row["neighbour_copies"] = self.row.get("neighbour_copies", 0) + 1  # evidence, not gating
+            return None
         for m in mounts:
             if m.mountpoint == "/" or m.mountpoint in self.host_points:
                 continue
@@ -777,7 +863,11 @@ class WindowRun:
         decoy_mount = str(self.decoys.mount)
         mounts = [f"{m['mountpoint']} ({m['fstype']})" for m in after["mounts"].get(run, [])
                   if m["mountpoint"] != decoy_mount]
-        mounts += [f"{m['mountpoint']} ({m['fstype']})" for m in after["criu_mounts"]]
+        criu_points = [m["mountpoint"] for m in after["criu_mounts"]]
+        lasting = lasting_criu_mounts(criu_points) if criu_points else []
+        if len(lasting) < len(criu_points):
+            self.row["criu_probe_mounts_gone"] = sorted(set(criu_points) - set(lasting))  # evidence, not gating
+        mounts += [f"{p} (left by CRIU)" for p in lasting]
         self.criteria["P2"] = _criterion(not mounts and not after["errors"], mounts + after["errors"])
         slots = range(inst.slot_base, inst.slot_base + inst.slot_count)
         links = sorted((set(after["links"]) & ({f"dvh{s}" for s in slots} | set(claims["links"]))))
@@ -884,9 +974,53 @@ class WindowRun:
 # a harness run
 
 
+PARALLEL = 2  # windows at once (DRUMS_FW_PARALLEL): each is CPU-bound on one CPU, this machine has two
+
+
+def parallel_windows() -> int:
+    return max(1, int(os.environ.get("DRUMS_FW_PARALLEL") or PARALLEL))
+
+
+class _Queue:
+    """The windows still to run, handed out in order, except that two ``nat`` windows never run at
+    once (each makes the same stand-in upstream: one interface name, one routed range)."""
+
+    def __init__(self, windows: list[Window]) -> None:
+        self.pending = list(windows)
+        self.nat_busy = False
+        self.stopped = False
+        self.cond = threading.Condition()
+
+    def take(self) -> Window | None:
+        with self.cond:
+            while True:
+                if self.stopped or not self.pending:
+                    return None
+                for i, w in enumerate(self.pending):
+                    if w.spec == "nat" and self.nat_busy:
+                        continue
+                    self.nat_busy |= w.spec == "nat"
+                    return self.pending.pop(i)
+                self.cond.wait()
+
+    def done(self, w: Window) -> None:
+        with self.cond:
+            if w.spec == "nat":
+                self.nat_busy = False
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+
 def run_windows(windows: list[Window] | None = None, *, results: Path | None = None, iteration: int = 1,
-                harness_run: str | None = None, echo=print) -> list[dict]:
-    """Run ``windows`` (default: all) one after another; append one JSON row each to ``results``."""
+                harness_run: str | None = None, echo=print, parallel: int | None = None) -> list[dict]:
+    """Run ``windows`` (default: all), ``parallel`` at a time (default :func:`parallel_windows`), each
+    on its own instance and slots; append one JSON row each to ``results``; return the rows in the
+    order of ``windows``. Interrupted (SIGINT), it starts no further window, lets the running ones
+    finish and clean up, and raises ``KeyboardInterrupt``."""
     if os.geteuid() != 0:
         raise PermissionError("the fault-window harness needs root (namespaces, mounts, CRIU)")
     windows = list(WINDOWS) if windows is None else windows
@@ -895,21 +1029,53 @@ def run_windows(windows: list[Window] | None = None, *, results: Path | None = N
     harness_run = harness_run or uuid.uuid4().hex[:10]
     slot_lo = _slot_base()
     slot_hi = slot_lo + SLOTS_PER_WINDOW * len(WINDOWS)
-    rows = []
-    for w in windows:
-        index = WINDOW_NAMES.index(w.name)
-        row = WindowRun(w, index, harness_run=harness_run, iteration=iteration, slot_lo=slot_lo,
-                        slot_hi=slot_hi).execute()
-        rows.append(row)
-        with open(results, "a") as f:
-            f.write(json.dumps(row, sort_keys=False, default=str) + "\n")
-        if echo:
-            failed = [c for c, v in row.get("criteria", {}).items() if not v["pass"]]
-            extra = {k: v["pass"] for k, v in row.get("extra", {}).items()}
-            echo(f"[{iteration}] {w.name:28s} {row['status']:7s} {row['seconds']:6.2f}s"
-                 + (f" failed={failed}" if failed else "") + (f" extra={extra}" if extra else "")
-                 + (f" invalid={row['invalid'][:3]}" if row.get("invalid") else ""))
-    return rows
+    running = Running()
+    queue = _Queue(windows)
+    rows: dict[str, dict] = {}
+    failures: list[BaseException] = []
+    out_lock = threading.Lock()
+
+    def lane() -> None:
+        try:
+            while (w := queue.take()) is not None:
+                try:
+                    row = WindowRun(w, WINDOW_NAMES.index(w.name), harness_run=harness_run, iteration=iteration,
+                                    slot_lo=slot_lo, slot_hi=slot_hi, running=running).execute()
+                finally:
+                    queue.done(w)
+                with out_lock:
+                    rows[w.name] = row
+                    with open(results, "a") as f:
+                        f.write(json.dumps(row, sort_keys=False, default=str) + "\n")
+                    if echo:
+                        echo(_row_line(iteration, w, row))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller's thread below
+            failures.append(exc)
+            queue.stop()
+
+    lanes = [threading.Thread(target=lane, name=f"fault-lane-{i}") for i in range(parallel or parallel_windows())]
+    for t in lanes:
+        t.start()
+    try:
+        for t in lanes:
+            while t.is_alive():
+                t.join(0.5)
+    except KeyboardInterrupt:
+        queue.stop()
+        for t in lanes:
+            t.join()
+        raise
+    if failures:
+        raise failures[0]
+    return [rows[w.name] for w in windows if w.name in rows]
+
+
+def _row_line(iteration: int, w: Window, row: dict) -> str:
+    failed = [c for c, v in row.get("criteria", {}).items() if not v["pass"]]
+    extra = {k: v["pass"] for k, v in row.get("extra", {}).items()}
+    return (f"[{iteration}] {w.name:28s} {row['status']:7s} {row['seconds']:6.2f}s"
+            + (f" failed={failed}" if failed else "") + (f" extra={extra}" if extra else "")
+            + (f" invalid={row['invalid'][:3]}" if row.get("invalid") else ""))
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -926,6 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="consecutive runs of the whole set")
     ap.add_argument("--windows", default=None, help="comma-separated window names (default: all)")
     ap.add_argument("--results", default=None, help=f"JSONL results file (default {DEFAULT_RESULTS})")
+    ap.add_argument("--parallel", type=int, default=None, help=f"windows at once (default {PARALLEL})")
     ap.add_argument("--list", action="store_true", help="list the windows and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -939,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = []
     for i in range(1, args.runs + 1):
         t0 = time.monotonic()
-        rows = run_windows(windows, results=results, iteration=i, harness_run=harness_run)
+        rows = run_windows(windows, results=results, iteration=i, harness_run=harness_run, parallel=args.parallel)
         s = summarize(rows)
         s["wall_seconds"] = round(time.monotonic() - t0, 1)
         summaries.append(s)

@@ -10,6 +10,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +83,33 @@ def test_every_fault_window_passes():
                          "failed": {c: v.get("detail") for c, v in r.get("criteria", {}).items() if not v["pass"]}}
            for r in rows if r["status"] != "PASS"}
     assert not bad, json.dumps(bad, indent=1, default=str)[:20000]
+
+
+def test_a_criu_mount_that_stays_is_a_leftover_and_one_that_goes_is_not(tmp_path):
+    """Every CRIU run here mounts a probe tmpfs under /tmp/.criu.* in the host's table for a few
+    milliseconds (this host's /run is no tmpfs, so CRIU keeps no kerndat cache): a window running
+    beside another sees the other's probes. One that goes within the wait is not a leftover; one
+    that stays is (a killed CRIU's)."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (it mounts tmpfs under /tmp)")
+    stays, goes = (Path(tempfile.mkdtemp(prefix=f".criu.fwtest-{name}.", dir="/tmp")) for name in ("stays", "goes"))
+    mounted = []
+    try:
+        for d in (stays, goes):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "drums-fw-test", str(d)], check=True)
+            mounted.append(d)
+        unmount = threading.Timer(0.3, lambda: subprocess.run(["umount", str(goes)], check=True))
+        unmount.start()
+        try:
+            left = harness.lasting_criu_mounts([str(stays), str(goes)], timeout=2.0)
+        finally:
+            unmount.join()
+        mounted.remove(goes)
+        assert left == [str(stays)], left
+        assert f"mount {stays} (left by CRIU)" in harness.harness_footprint(0, 0)
+    finally:
+        for d in mounted:
+            subprocess.run(["umount", str(d)], check=False)
+        for d in (stays, goes):
+            d.rmdir()
+    assert not [p for p in harness.lasting_criu_mounts([str(stays), str(goes)], timeout=0.1)]
