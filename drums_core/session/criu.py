@@ -47,7 +47,8 @@ class CriuResult:
 class _LogPipe:
     """A FIFO CRIU writes its log into, drained by a thread into memory."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, on_giving_up=None) -> None:
+        self.on_giving_up = on_giving_up  # called once CRIU logs GIVING_UP
         self.path = work_dir / LOG_NAME
         if self.path.exists():
             self.path.unlink()
@@ -69,6 +70,9 @@ class _LogPipe:
             if not chunk:
                 break
             self._buf += chunk
+            if self.on_giving_up is not None and GIVING_UP in self._buf[-len(chunk) - len(GIVING_UP):]:
+                self.on_giving_up()
+                self.on_giving_up = None
         self.lines = self._buf.decode("utf-8", "replace").splitlines()
 
     def close(self) -> list[str]:
@@ -129,22 +133,48 @@ def _base_opts(images_dir: Path, work_fd: int, log_level: int) -> "rpc.criu_opts
     return opts
 
 
-def _watchdog(client, timeout: float, fired: list) -> threading.Timer:
-    """Kill CRIU's top process if the call outlives ``timeout``: a wedged CRIU must not wedge the daemon."""
+# What CRIU logs when a restore failed after the restored tasks ran: it kills the tree and waits for
+# its init, which cannot end while tasks CRIU still traces are dying (their tracer is CRIU, waiting):
+# CRIU then waits until it is killed. It is given GIVING_UP_GRACE seconds to end by itself.
+GIVING_UP = b"Killing processes because of failure on restore"
+GIVING_UP_GRACE = 2.0
 
-    def fire() -> None:
-        pid = getattr(client._comm, "swrk", None)
-        if pid:
-            fired.append(pid)
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
 
-    timer = threading.Timer(timeout, fire)
-    timer.daemon = True
-    timer.start()
-    return timer
+class _Watchdog:
+    """Kills CRIU's top process if the call outlives ``timeout`` (a wedged CRIU must not wedge the
+    daemon), or :data:`GIVING_UP_GRACE` seconds after :meth:`giving_up`. ``fired``: why it killed."""
+
+    def __init__(self, client, timeout: float) -> None:
+        self.client = client
+        self.fired: str | None = None
+        self._lock = threading.Lock()
+        self._timer = self._start(timeout, "timeout")
+
+    def _start(self, seconds: float, why: str) -> threading.Timer:
+        timer = threading.Timer(seconds, self._fire, args=(why,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _fire(self, why: str) -> None:
+        with self._lock:
+            pid = getattr(self.client._comm, "swrk", None)
+            if pid and self.fired is None:
+                self.fired = why
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+
+    def giving_up(self) -> None:
+        with self._lock:
+            if self.fired is None:
+                self._timer.cancel()
+                self._timer = self._start(GIVING_UP_GRACE, "giving_up")
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._timer.cancel()
 
 
 class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
@@ -247,12 +277,11 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
     if cgroup_paths:
         client._comm = _SwrkInCgroup(str(CRIU_BIN), cgroup_paths)
     client.opts.MergeFrom(opts)
-    pipe = _LogPipe(work_dir)
+    watchdog = _Watchdog(client, timeout)
+    pipe = _LogPipe(work_dir, on_giving_up=watchdog.giving_up if kind == "restore" else None)
     t0 = time.monotonic()
     resp = None
     failure: Exception | None = None
-    fired: list = []
-    timer = _watchdog(client, timeout, fired)
     try:
         if kind == "restore":
             resp = client.restore()
@@ -261,11 +290,19 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
     except (_pycriu_mod.CRIUExceptionExternal, _pycriu_mod.CRIUExceptionInternal) as exc:
         failure = exc
     finally:
-        timer.cancel()
+        watchdog.cancel()
         log = pipe.close()
     seconds = time.monotonic() - t0
-    if fired:
+    if watchdog.fired == "giving_up":
         lines = error_lines(log)
+        log_module.warning("criu %s failed, and waited on the tree it was killing until it was killed; the last "
+                           "lines of its log:\n%s", kind, "\n".join(log[-60:]))
+        raise Unavailable(f"criu {kind} failed (killed {GIVING_UP_GRACE:g}s after it gave up): {summary(lines)}",
+                          reason="CRIU_FAILED", detail={"errno": None, "criu_log": lines, "op": kind})
+    if watchdog.fired:
+        lines = error_lines(log)
+        log_module.warning("criu %s did not finish within %.0fs and was killed; the last lines of its log:\n%s",
+                           kind, timeout, "\n".join(log[-60:]))
         raise Unavailable(f"criu {kind} did not finish within {timeout:.0f}s and was killed; last lines: "
                           f"{' | '.join(log[-3:])}", reason="CRIU_TIMEOUT",
                           detail={"criu_log": lines, "tail": log[-20:], "op": kind})
@@ -343,6 +380,20 @@ def _explained(exc: Unavailable) -> Unavailable:
         if _said(exc, pattern):
             return Unavailable(f"{exc.message} ({meaning})", reason=exc.reason, detail=exc.detail)
     return exc
+
+
+# A restore CRIU failed because a task ended while CRIU let go of the restored tasks one thread
+# after another: a thread it had already let go of ended its process (exit_group, or a signal to
+# another restored process), and the next PTRACE_DETACH met a thread that was gone. A process that
+# was about to end when it was dumped does that (Chromium's start-up helpers end a second or two
+# after its window shows). CRIU then kills the whole tree; a new restore from the same images most
+# often wins the race.
+RESTORE_RACE = r"Unable to detach \d+: No such process"
+
+
+def lost_a_race_at_detach(exc: Unavailable) -> bool:
+    """Whether ``exc`` is a restore that failed as :data:`RESTORE_RACE` says (worth another try)."""
+    return _said(exc, RESTORE_RACE)
 
 
 def _image(images_dir: Path, name: str) -> list[dict]:

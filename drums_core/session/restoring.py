@@ -26,6 +26,7 @@ from .restore_steps import RestoreStep, StepTrace, rolled_back
 log = logging.getLogger("drums.supervisor")
 
 RETRY_LIMIT = 3
+RACE_ATTEMPTS = 3  # restores of one sibling that CRIU lost to a process ending (see _restore_raced)
 
 
 class _Background:
@@ -136,7 +137,7 @@ class RestoreOps:
 
     def _restore_counted(self, snap: Snapshot, ask: RestoreAsk) -> Session:
         try:
-            s = self._restore_one(snap, ask)
+            s = self._restore_raced(snap, ask)
         except Unavailable as exc:
             with self._lock:
                 streak = self._retry_streak.get(snap.id, 0) + 1
@@ -154,6 +155,20 @@ class RestoreOps:
         with self._lock:
             self._retry_streak[snap.id] = 0
         return s
+
+    def _restore_raced(self, snap: Snapshot, ask: RestoreAsk) -> Session:
+        """:meth:`_restore_one`, once more (:data:`RACE_ATTEMPTS` in all) after each restore that CRIU
+        lost to a process ending as it let go of the tasks (:data:`criu.RESTORE_RACE`): that one was
+        rolled back whole (session, root, network), and a new one starts from nothing."""
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            try:
+                return self._restore_one(snap, ask)
+            except Unavailable as exc:
+                if attempt == RACE_ATTEMPTS or not criu.lost_a_race_at_detach(exc):
+                    raise
+                log.info("restore of %s: a restored process ended while CRIU let go of the tasks (attempt %d of %d); "
+                         "restoring again", snap.id, attempt, RACE_ATTEMPTS)
+        raise AssertionError("unreachable")
 
     def _restore_one(self, snap: Snapshot, ask: RestoreAsk) -> Session:
         spec = SessionSpec.from_dict(snap.spec)

@@ -1,0 +1,88 @@
+"""A restore that CRIU loses to a process ending while it lets go of the tasks is made again.
+
+CRIU lets go of the restored tasks one thread after another (PTRACE_DETACH). A thread it has let go
+of that ends its process makes a later detach meet a thread that is gone ("Unable to detach N: No
+such process"); CRIU then kills the tree and waits, until it is killed, for an init that cannot end
+while CRIU still traces its dying tasks. A process that was about to end when its desktop was dumped
+does that (Chromium's start-up helpers; an OSWorld Chrome and an Impress task met it in the suite).
+Here a program's main thread spins until a deadline that passes between the checkpoint and the
+restores, then ends the process, while 300 other threads sleep: CRIU lets go of the main thread
+first, and the process ends before CRIU gets to the others, in nearly every restore. The daemon
+kills CRIU soon after it gave up (not after its 60 s timeout), rolls the sibling back and restores it
+again, RACE_ATTEMPTS times in all, then fails with CRIU's words; nothing is left. (A real desktop's
+process ending so has a few threads, not 300: it rarely wins the race, and a new restore most often
+succeeds.)
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from drums_core.errors import Unavailable
+from drums_core.session import criu
+from drums_core.session.restoring import RACE_ATTEMPTS
+
+BARE = {"image": "default", "programs": []}
+
+QUITTER = r"""
+import os, sys, threading, time
+deadline = float(sys.argv[1])
+for _ in range(300):
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+open("/tmp/ready", "w").close()
+while time.time() < deadline:
+    pass
+os._exit(0)
+"""
+
+def _log_since(client, offset: int) -> bytes:
+    with client.instance.log_file.open("rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def test_a_restore_lost_to_a_process_ending_is_made_again_then_fails_clearly(client):
+    s = client.create(BARE)
+    snap = None
+    try:
+        client.exec(s["id"], ["bash", "-c", f"cat > /tmp/quitter.py <<'EOF'\n{QUITTER}EOF"])
+        deadline = time.time() + 20  # passes after the checkpoint, before the restore
+        r = client.exec(s["id"], ["bash", "-c", f"setsid -f python3 /tmp/quitter.py {deadline} >/dev/null 2>&1 "
+                                                "</dev/null; for i in $(seq 500); do [ -e /tmp/ready ] && exit 0; "
+                                                "sleep 0.02; done; exit 1"])
+        assert r["returncode"] == 0, f"quitter.py never got ready: {r}"
+        snap = client.checkpoint(s["id"], leave_running=True)
+        assert time.time() < deadline, "the checkpoint ended after the quitter's deadline: nothing to race"
+    finally:
+        client.destroy(s["id"])
+    try:
+        time.sleep(max(0.0, deadline - time.time()) + 0.5)  # the quitter ends at once in every restore
+        seen = client.instance.log_file.stat().st_size
+        with pytest.raises(Unavailable) as exc:
+            client.restore(snap["id"], wait_live=True)
+        assert exc.value.reason == "CRIU_FAILED", exc.value
+        assert criu.lost_a_race_at_detach(exc.value), exc.value.detail
+        assert "gave up" in exc.value.message, exc.value.message
+        log = _log_since(client, seen)
+        again = re.findall(rb"a restored process ended while CRIU let go of the tasks \(attempt (\d) of (\d)\)", log)
+        assert [int(a) for a, _ in again] == list(range(1, RACE_ATTEMPTS)), again
+        assert log.count(b"waited on the tree it was killing until it was killed") == RACE_ATTEMPTS
+        assert b"did not finish within" not in log, "a CRIU that gave up was left to its timeout"
+        assert client.list() == []
+    finally:
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+def test_only_a_detach_that_met_a_gone_thread_is_the_race():
+    def failed(*lines: str) -> Unavailable:
+        return Unavailable("restore failed", reason="CRIU_FAILED", detail={"criu_log": list(lines), "step": "criu"})
+
+    assert criu.lost_a_race_at_detach(failed("Error (criu/cr-restore.c:1924): Unable to detach 12420: No such process",
+                                              "Error (criu/cr-restore.c:2304): Killing processes because of failure"))
+    assert not criu.lost_a_race_at_detach(failed("Error (criu/cr-restore.c:1924): Unable to detach 12420: "
+                                                 "Operation not permitted"))
+    assert not criu.lost_a_race_at_detach(failed("Error (criu/files.c:1): Unable to open fd=3"))
+    assert not criu.lost_a_race_at_detach(Unavailable("no log", reason="CRIU_TIMEOUT", detail=None))
