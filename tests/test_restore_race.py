@@ -6,11 +6,13 @@ such process"); CRIU then kills the tree and waits, until it is killed, for an i
 while CRIU still traces its dying tasks. A process that was about to end when its desktop was dumped
 does that (Chromium's start-up helpers; an OSWorld Chrome and an Impress task met it in the suite).
 Here a program's main thread spins until a deadline that passes between the checkpoint and the
-restores, then ends the process, while 300 other threads sleep: CRIU lets go of the main thread
-first, and the process ends before CRIU gets to the others, in nearly every restore. The daemon
-kills CRIU soon after it gave up (not after its 60 s timeout), rolls the sibling back and restores it
-again, RACE_ATTEMPTS times in all, then fails with CRIU's words; nothing is left. (A real desktop's
-process ending so has a few threads, not 300: it rarely wins the race, and a new restore most often
+restores, then ends the process, while 1,000 other threads sleep: CRIU lets go of the main thread
+first, and the process most often ends before CRIU gets to the others (not always: under load the
+main thread may run only after CRIU is done). Over 5 restores the race is met; the daemon kills
+CRIU soon after it gave up (never at its 60 s timeout), rolls the sibling back and restores it
+again, RACE_ATTEMPTS times in all, then fails with CRIU's words (the third such failure in a row
+is RETRIES_EXHAUSTED); a restore either succeeds or fails so, and nothing is left. (A real desktop's
+process ending so has a few threads, not 1,000: it rarely beats CRIU, and a new restore most often
 succeeds.)
 """
 from __future__ import annotations
@@ -18,18 +20,18 @@ from __future__ import annotations
 import re
 import time
 
-import pytest
-
-from drums_core.errors import Unavailable
+from drums_core.errors import Internal, Unavailable
 from drums_core.session import criu
 from drums_core.session.restoring import RACE_ATTEMPTS
+
+RESTORES = 5
 
 BARE = {"image": "default", "programs": []}
 
 QUITTER = r"""
 import os, sys, threading, time
 deadline = float(sys.argv[1])
-for _ in range(300):
+for _ in range(1000):
     threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 open("/tmp/ready", "w").close()
 while time.time() < deadline:
@@ -43,14 +45,14 @@ def _log_since(client, offset: int) -> bytes:
         return f.read()
 
 
-def test_a_restore_lost_to_a_process_ending_is_made_again_then_fails_clearly(client):
+def test_a_restore_lost_to_a_process_ending_is_made_again_and_never_waits_for_the_timeout(client):
     s = client.create(BARE)
     snap = None
     try:
         client.exec(s["id"], ["bash", "-c", f"cat > /tmp/quitter.py <<'EOF'\n{QUITTER}EOF"])
-        deadline = time.time() + 20  # passes after the checkpoint, before the restore
+        deadline = time.time() + 30  # passes after the checkpoint, before the restores
         r = client.exec(s["id"], ["bash", "-c", f"setsid -f python3 /tmp/quitter.py {deadline} >/dev/null 2>&1 "
-                                                "</dev/null; for i in $(seq 500); do [ -e /tmp/ready ] && exit 0; "
+                                                "</dev/null; for i in $(seq 1000); do [ -e /tmp/ready ] && exit 0; "
                                                 "sleep 0.02; done; exit 1"])
         assert r["returncode"] == 0, f"quitter.py never got ready: {r}"
         snap = client.checkpoint(s["id"], leave_running=True)
@@ -60,15 +62,29 @@ def test_a_restore_lost_to_a_process_ending_is_made_again_then_fails_clearly(cli
     try:
         time.sleep(max(0.0, deadline - time.time()) + 0.5)  # the quitter ends at once in every restore
         seen = client.instance.log_file.stat().st_size
-        with pytest.raises(Unavailable) as exc:
-            client.restore(snap["id"], wait_live=True)
-        assert exc.value.reason == "CRIU_FAILED", exc.value
-        assert criu.lost_a_race_at_detach(exc.value), exc.value.detail
-        assert "gave up" in exc.value.message, exc.value.message
+        failed = 0
+        for _ in range(RESTORES):
+            try:
+                (sib,) = client.restore(snap["id"], wait_live=True)
+            except Unavailable as exc:  # every attempt lost the race
+                failed += 1
+                assert exc.reason == "CRIU_FAILED", exc
+                assert criu.lost_a_race_at_detach(exc), exc.detail
+                assert "gave up" in exc.message, exc.message
+            except Internal as exc:  # the third such failure in a row (the restore-streak rule)
+                failed += 1
+                assert exc.reason == "RETRIES_EXHAUSTED", exc
+                assert criu.lost_a_race_at_detach(exc), exc.detail
+            else:
+                assert client.get(sib["id"])["state"] == "RUNNING"
+                client.destroy(sib["id"])
         log = _log_since(client, seen)
-        again = re.findall(rb"a restored process ended while CRIU let go of the tasks \(attempt (\d) of (\d)\)", log)
-        assert [int(a) for a, _ in again] == list(range(1, RACE_ATTEMPTS)), again
-        assert log.count(b"waited on the tree it was killing until it was killed") == RACE_ATTEMPTS
+        again = [int(a) for a in re.findall(rb"a restored process ended while CRIU let go of the tasks "
+                                            rb"\(attempt (\d) of \d\)", log)]
+        gave_up = log.count(b"waited on the tree it was killing until it was killed")
+        assert gave_up >= 1, f"none of {RESTORES} restores met the race"
+        assert gave_up == len(again) + failed, (gave_up, again, failed)  # each lost attempt but a last one is retried
+        assert all(1 <= a < RACE_ATTEMPTS for a in again), again
         assert b"did not finish within" not in log, "a CRIU that gave up was left to its timeout"
         assert client.list() == []
     finally:
