@@ -24,7 +24,8 @@ import time
 from .. import protocol
 from ..config import Instance, check_name
 from ..errors import DrumsError
-from ..host import linux
+from ..host import kernel_budget, linux
+from ..host.kernel_budget import SESSION_PIDS
 from ..session import faults
 from ..session.supervisor import Supervisor
 
@@ -211,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     instance = Instance(name=check_name(args.instance, "instance"), slot_base=args.slot_base,
                         slot_count=args.slot_count)
+    try:  # every slot's share of the pid space and of the kernel's per-user counts must fit the host
+        kernel_budget.check_fits(instance.slot_count, SESSION_PIDS)
+    except DrumsError as exc:
+        print(f"drumsd: {exc}", file=sys.stderr)
+        return 4
     instance.state_root.mkdir(parents=True, exist_ok=True)
     os.chmod(instance.state_root, 0o700)
     lock_fd = os.open(instance.run_lock, os.O_CREAT | os.O_RDWR, 0o600)

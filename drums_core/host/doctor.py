@@ -321,6 +321,26 @@ def check_images() -> Check:
     return Check("images", True, False, detail)
 
 
+def _budget_check(name: str) -> Callable[[], Check]:
+    """One shared kernel budget (host/kernel_budget.py): the host's limit, use now, and what the
+    default instance's slots need; the pid space's shortfall is PID_BUDGET, the others HOST_BUDGET."""
+    def fn() -> Check:
+        from . import kernel_budget
+
+        b = next(b for b in kernel_budget.budgets() if b.name == name)
+        used = "?" if b.use is None else str(b.use)
+        detail = (f"{b.sysctl.replace('/', '.')}: {used} in use of {b.limit}; {kernel_budget.HOST_SLOTS} sessions "
+                  f"and the host need {b.need}")
+        if b.fits:
+            return Check(f"budget-{name.replace('_', '-')}", True, True, detail)
+        reason = "PID_BUDGET" if name in ("pid_max", "threads_max") else "HOST_BUDGET"
+        return Check(f"budget-{name.replace('_', '-')}", False, True, f"{reason}: {detail}",
+                     "scripts/provision raises it (python -m drums_core.host.kernel_budget apply)")
+
+    fn.__name__ = f"check_budget_{name}"
+    return fn
+
+
 def _namespace_check(kind: str) -> Callable[[], Check]:
     def fn() -> Check:
         return check_namespace(kind)
@@ -347,6 +367,8 @@ CHECKS: list[Callable[[], Check]] = [
     check_cgroups,
     check_seccomp,
     check_images,
+    *[_budget_check(n) for n in ("inotify_instances", "inotify_watches", "fanotify_groups", "fanotify_marks",
+                                 "user_namespaces", "mnt_namespaces", "net_namespaces", "pid_max", "threads_max")],
 ]
 
 

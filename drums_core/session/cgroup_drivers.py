@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
+from ..host.kernel_budget import SESSION_PIDS
 from ..host import ownedpaths
 from .cgroup_fs import REQUIRED, V1_ROLES, Hierarchy, group_name, hierarchies, parse_keyed, read_value, write_value
 from .cgroup_session import SessionCgroup
@@ -42,7 +43,7 @@ class Limits:
 
     memory_max: int = 4 * GiB
     memory_high: int | None = None
-    pids_max: int = 4096
+    pids_max: int = SESSION_PIDS  # the host budget (host/kernel_budget.py) counts every slot at this
     cpu_weight: int = 100
 
     MIN_MEMORY = 8 * MiB

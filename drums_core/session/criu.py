@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config import CRIU_BIN, PYCRIU_PATH
 from ..errors import Internal, Unavailable
+from ..host import kernel_budget
 
 try:
     import pycriu  # noqa: F401
@@ -219,15 +220,13 @@ class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
         return self.sk
 
 
-def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
-    """A dump over ``criu swrk`` that answers CRIU's notifications: at CRIU's ``post-dump`` point,
-    when every image is written and the tasks are still frozen (with ``leave_running`` CRIU resumes
-    them only after the answer), the images are checked for what CRIU cannot restore
-    (:func:`check_restorable`), then ``post_dump()`` (if any) runs. An exception from either answers
-    "failed": CRIU then fails the dump and resumes the tasks; the exception is raised here (a Drums
-    error as itself)."""
+def _notified(client, req_type: int, hooks: dict, what: str, reason: str):
+    """One request over ``criu swrk`` that answers CRIU's notifications: at each notification named
+    in ``hooks`` its function runs with the notification's pid; an exception from it answers
+    "failed" (CRIU then fails the request: a dump resumes the tasks, a restore rolls back) and is
+    raised here, a Drums error as itself, anything else as Unavailable ``reason`` (``what`` failed)."""
     req = rpc.criu_req()
-    req.type = rpc.DUMP
+    req.type = req_type
     req.opts.MergeFrom(client.opts)
     req.opts.notify_scripts = True
     failure: BaseException | None = None
@@ -237,17 +236,16 @@ def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
         while True:
             size = len(sk.recv(1, socket.MSG_TRUNC | socket.MSG_PEEK))
             if size == 0:
-                raise _pycriu_mod.CRIUExceptionInternal(rpc.DUMP, "criu swrk closed the connection")
+                raise _pycriu_mod.CRIUExceptionInternal(req_type, "criu swrk closed the connection")
             resp = rpc.criu_resp()
             resp.ParseFromString(sk.recv(size))
             if resp.type != rpc.NOTIFY:
                 break
             ok = True
-            if resp.notify.script == "post-dump" and failure is None:
+            hook = hooks.get(resp.notify.script)
+            if hook is not None and failure is None:
                 try:
-                    check_restorable(Path(client.opts.images_dir))
-                    if post_dump is not None:
-                        post_dump()
+                    hook(resp.notify.pid)
                 except BaseException as exc:  # noqa: BLE001 - answered to CRIU, raised below
                     failure, ok = exc, False
             ack = rpc.criu_req()
@@ -255,23 +253,42 @@ def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
             ack.notify_success = ok
             sk.send(ack.SerializeToString())
     except OSError as exc:
-        raise _pycriu_mod.CRIUExceptionInternal(rpc.DUMP, str(exc)) from exc
+        raise _pycriu_mod.CRIUExceptionInternal(req_type, str(exc)) from exc
     finally:
         client._comm.disconnect()
     if isinstance(failure, Unavailable):
         raise failure
     if isinstance(failure, Exception):
-        raise Unavailable(f"the checkpoint's post-dump step failed (the tasks run on): {failure}",
-                          reason="POST_DUMP_FAILED", detail={"error": str(failure)}) from failure
+        raise Unavailable(f"{what} failed: {failure}", reason=reason, detail={"error": str(failure)}) from failure
     if failure is not None:
         raise failure
     if not resp.success:
-        raise _pycriu_mod.CRIUExceptionExternal(rpc.DUMP, resp.type, resp.cr_errno)
-    return resp.dump
+        raise _pycriu_mod.CRIUExceptionExternal(req_type, resp.type, resp.cr_errno)
+    return resp
+
+
+def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
+    """A dump that, at CRIU's ``post-dump`` point (every image written, the tasks still frozen; with
+    ``leave_running`` CRIU resumes them only after the answer), checks the images for what CRIU
+    cannot restore (:func:`check_restorable`), then runs ``post_dump()`` (if any)."""
+    def at_post_dump(_pid: int) -> None:
+        check_restorable(Path(client.opts.images_dir))
+        if post_dump is not None:
+            post_dump()
+
+    return _notified(client, rpc.DUMP, {"post-dump": at_post_dump},
+                     "the checkpoint's post-dump step (the tasks run on)", "POST_DUMP_FAILED").dump
+
+
+def _restore_notified(client, setup_namespaces) -> "rpc.criu_restore_resp":
+    """A restore that runs ``setup_namespaces(root_pid)`` at CRIU's ``setup-namespaces`` point (the
+    restored tree's namespaces exist, none of its tasks runs yet)."""
+    return _notified(client, rpc.RESTORE, {"setup-namespaces": setup_namespaces},
+                     "the restore's namespace set-up (rolled back)", "RESTORE_SETUP_FAILED").restore
 
 
 def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None,
-          post_dump=None) -> CriuResult:
+          post_dump=None, setup_namespaces=None) -> CriuResult:
     client = pycriu.criu()
     client.use_binary(str(CRIU_BIN))
     if cgroup_paths:
@@ -283,7 +300,9 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
     resp = None
     failure: Exception | None = None
     try:
-        if kind == "restore":
+        if kind == "restore" and setup_namespaces is not None:
+            resp = _restore_notified(client, setup_namespaces)
+        elif kind == "restore":
             resp = client.restore()
         else:
             resp = _dump_notified(client, post_dump)
@@ -311,6 +330,10 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
         lines = error_lines(log)
         log_module.warning("criu %s failed (errno %s); the last lines of its log:\n%s", kind, errno,
                            "\n".join(log[-60:]))
+        short = kernel_budget.shortage(log)
+        if short is not None:  # a host budget ran out: name it, not CRIU's message
+            short.detail["criu_log"] = lines
+            raise short from failure
         # without an errno CRIU gave no answer at all (it died, or closed the connection): say so
         how = f"errno {errno}" if errno is not None else str(failure)
         raise Unavailable(f"criu {kind} failed ({how}): {summary(lines)}",
@@ -472,7 +495,9 @@ def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: boo
 
 
 def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, str], *, log_level: int = 2,
-            timeout: float = 60.0, cgroup_paths: list[str] | None = None) -> CriuResult:
+            timeout: float = 60.0, cgroup_paths: list[str] | None = None, setup_namespaces=None) -> CriuResult:
+    """Restore ``images_dir`` into ``root``. ``setup_namespaces(root_pid)``, if given, runs when the
+    restored tree's namespaces exist and before any of its tasks runs (CRIU's ``setup-namespaces``)."""
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -485,7 +510,7 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             pair = opts.veths.add()
             pair.if_in = inner
             pair.if_out = outer
-        res = _call("restore", opts, work_dir, timeout, cgroup_paths)
+        res = _call("restore", opts, work_dir, timeout, cgroup_paths, setup_namespaces=setup_namespaces)
         if not res.pid:
             raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
         return res

@@ -24,7 +24,7 @@ import os
 import stat
 import sys
 
-from . import containment
+from . import containment, kernel_caps
 from ..host import linux
 
 _NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
@@ -129,6 +129,17 @@ def _child(spec: dict, report_w: int) -> None:
     proc_dir = os.open(str(pid), os.O_PATH | os.O_DIRECTORY, dir_fd=host_proc)
     if os.read(to_child_r, 1) == b"u":
         _write_maps(proc_dir, spec["id_base"], spec["id_count"])
+        # The session's share of the kernel's per-user counts, before anything of the session runs.
+        # This process joins the session's user namespace for good: it needs no host privilege after.
+        ns_fd = os.open("ns/user", os.O_RDONLY, dir_fd=proc_dir)
+        try:
+            kernel_caps.join_and_write(host_proc, ns_fd, spec.get("kernel_caps"))
+        except OSError as exc:
+            os.write(report_w, f"{pid}\nKernelCaps: could not write the session's kernel caps: {exc}".encode())
+            os.kill(pid, 9)
+            os._exit(0)
+        finally:
+            os.close(ns_fd)
         os.write(to_init_w, b"m")
     os.close(to_init_w)
     status = _read_to_eof(ready_r)

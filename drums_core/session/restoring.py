@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from . import criu, display, faults, netns, netpolicy, rootfs
+from . import criu, display, faults, kernel_caps, netns, netpolicy, rootfs
 from ..config import ID_BASE
 from ..errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
 from ..host import procs
@@ -139,6 +139,8 @@ class RestoreOps:
         try:
             s = self._restore_raced(snap, ask)
         except Unavailable as exc:
+            if exc.reason in ("HOST_BUDGET", "PID_BUDGET"):  # the host's shortage, not this snapshot's fault
+                raise
             with self._lock:
                 streak = self._retry_streak.get(snap.id, 0) + 1
                 self._retry_streak[snap.id] = streak
@@ -209,7 +211,8 @@ class RestoreOps:
                 faults.arm_criu_timer()
                 try:
                     res = criu.restore(self.store.path(snap.id) / "images", Path(s.dir) / "criu", Path(s.root), {},
-                                       cgroup_paths=s.cgroup.paths if s.cgroup else None)
+                                       cgroup_paths=s.cgroup.paths if s.cgroup else None,
+                                       setup_namespaces=kernel_caps.apply_restored)
                 finally:
                     faults.disarm_criu_timer()
                 self.counters["restores"] += 1

@@ -1,0 +1,195 @@
+"""A hostile desktop user (uid 1000, no sudo) against the kernel's shared budgets, from a fresh
+session and from a restored sibling: the victims (another session, host root, CRIU's restores)
+keep working while the attacker holds all it can get.
+
+* inotify instances and watches: the attacker stops at its session's cap (its own user namespace's
+  ``max_inotify_*``), host root's ``inotify_init1`` succeeds, another session restores and its user
+  makes inotify instances of its own;
+* user namespaces: the attacker stops at its cap, another session's restore (which makes one) works;
+* pids: a fork loop stops at the session's pids limit, and another session restores meanwhile;
+* the caps are in force in fresh and restored sessions alike, and cannot be raised from inside.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from drums_core.errors import Unavailable
+from drums_core.host import kernel_budget
+from drums_core.session import kernel_caps
+
+from tests.support.wait import wait_until
+
+BARE: dict = {}
+
+# Runs in the session as the desktop user: takes every inotify instance (each with a watch) it can,
+# says how many and why it stopped in ~/hog.out, then holds them until killed.
+HOG = r"""
+import ctypes, os, sys, time
+kind = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+held, err = [], ""
+if kind == "inotify":
+    while len(held) < 100000:
+        fd = libc.inotify_init1(0)
+        if fd < 0:
+            err = os.strerror(ctypes.get_errno()); break
+        held.append(fd)
+        libc.inotify_add_watch(fd, b"/tmp", 0x100)
+elif kind == "userns":
+    CLONE_NEWUSER = 0x10000000
+    while len(held) < 100000:
+        pid = os.fork()
+        if pid == 0:
+            r = libc.unshare(CLONE_NEWUSER)
+            if r != 0:
+                os._exit(3)
+            time.sleep(600)
+            os._exit(0)
+        time.sleep(0.005)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            err = "unshare refused"; break
+        held.append(pid)
+open(os.path.expanduser("~/hog.out.tmp"), "w").write(f"{len(held)} {err}\n")
+os.rename(os.path.expanduser("~/hog.out.tmp"), os.path.expanduser("~/hog.out"))
+time.sleep(600)
+"""
+
+
+def _start_hog(client, sid: str, kind: str) -> tuple[int, str]:
+    client.exec(sid, ["sh", "-c", "rm -f ~/hog.out; cat > ~/hog.py"], user="user", input=HOG)
+    client.exec(sid, ["sh", "-c", f"setsid python3 ~/hog.py {kind} </dev/null >/dev/null 2>&1 &"], user="user")
+    out: dict = {}
+
+    def done() -> bool:
+        r = client.exec(sid, ["cat", "/home/user/hog.out"], user="user")
+        out["text"] = r["stdout"]
+        return r["returncode"] == 0 and bool(r["stdout"].strip())
+
+    wait_until(done, 60, f"the {kind} hog to take all it can")
+    count, _, why = out["text"].strip().partition(" ")
+    return int(count), why
+
+
+def _host_root_inotify_works() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+def _victim_user_inotify(client, sid: str) -> str:
+    code = ("import ctypes; l = ctypes.CDLL(None, use_errno=True)\n"
+            "fds = [l.inotify_init1(0) for _ in range(4)]\nprint('ok' if min(fds) >= 0 else 'refused')\n")
+    return client.exec(sid, ["python3", "-c", code], user="user")["stdout"].strip()
+
+
+@pytest.fixture
+def victim_snapshot(client):
+    v = client.create(BARE)
+    snap = client.checkpoint(v["id"], name=f"victim-{os.getpid()}")  # the session ends with its dump
+    yield snap
+    client.delete_snapshot(snap["id"])
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_inotify_hog_stops_at_its_share_and_the_host_and_others_go_on(client, victim_snapshot, origin):
+    base = client.create(BARE)
+    attacker, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"attacker-{os.getpid()}")
+            base = None  # ended with its dump
+            [attacker] = client.restore(snap["id"])
+        caps = kernel_caps.read(attacker["init_pid"])
+        assert caps["max_inotify_instances"] == kernel_budget.SESSION_CAPS["max_inotify_instances"], caps
+        held, why = _start_hog(client, attacker["id"], "inotify")
+        cap = kernel_budget.SESSION_CAPS["max_inotify_instances"]
+        print(f"\n{origin} attacker held {held} inotify instances ({why}); cap {cap} per uid; "
+              f"host limit {kernel_budget.read_sysctl('fs/inotify/max_user_instances')}")
+        assert 0 < held <= cap and why == "Too many open files", (held, why)
+        # the victims: host root, a restore (CRIU's own inotify), the restored desktop user
+        assert _host_root_inotify_works()
+        [victim] = client.restore(victim_snapshot["id"])
+        try:
+            assert _victim_user_inotify(client, victim["id"]) == "ok"
+        finally:
+            client.destroy(victim["id"])
+        # the cap cannot be raised from inside, not even by session root
+        r = client.exec(attacker["id"], ["sh", "-c", "echo 100000 > /proc/sys/user/max_inotify_instances"])
+        assert r["returncode"] != 0, r
+        assert kernel_caps.read(attacker["init_pid"])["max_inotify_instances"] == cap
+    finally:
+        client.destroy(attacker["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_user_namespace_hog_stops_at_its_share_and_restores_go_on(client, victim_snapshot, origin):
+    base = client.create(BARE)
+    attacker, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"attacker-ns-{os.getpid()}")
+            base = None  # ended with its dump
+            [attacker] = client.restore(snap["id"])
+        held, why = _start_hog(client, attacker["id"], "userns")
+        cap = kernel_budget.SESSION_CAPS["max_user_namespaces"]
+        print(f"\n{origin} attacker held {held} user namespaces ({why}); cap {cap} per uid")
+        assert 0 < held <= cap and why == "unshare refused", (held, why)
+        [victim] = client.restore(victim_snapshot["id"])
+        client.destroy(victim["id"])
+    finally:
+        client.destroy(attacker["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_pid_hog_stops_at_its_limit_and_restores_go_on(client, victim_snapshot, origin):
+    base = client.create({"limits": {"pids_max": 256}})
+    attacker, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"attacker-pids-{os.getpid()}")
+            base = None  # ended with its dump
+            [attacker] = client.restore(snap["id"])
+        code = ("import os, time\nn = 0\nwhile n < 100000:\n    try:\n        pid = os.fork()\n    except OSError:\n"
+                "        break\n    if pid == 0:\n        os.closerange(0, 3)\n        time.sleep(120)\n"
+                "        os._exit(0)\n    n += 1\nprint(n)\n")
+        t0 = time.monotonic()
+        out = client.exec(attacker["id"], ["python3", "-c", code], user="user", timeout=60)
+        forked = int(out["stdout"].strip())
+        print(f"\n{origin} attacker forked {forked} processes in {time.monotonic() - t0:.1f}s")
+        assert 0 < forked < 256, out
+        [victim] = client.restore(victim_snapshot["id"])
+        client.destroy(victim["id"])
+    finally:
+        client.destroy(attacker["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+def test_the_host_limits_fit_every_slot_and_the_daemon_refuses_what_cannot_fit(tmp_path):
+    for b in kernel_budget.budgets(with_use=False):
+        assert b.fits, f"{b.sysctl} = {b.limit} < {b.need}: scripts/provision should have raised it"
+    too_many = (kernel_budget.read_sysctl("kernel/pid_max") // kernel_budget.SESSION_PIDS) + 1
+    with pytest.raises(Unavailable) as e:
+        kernel_budget.check_fits(too_many, kernel_budget.SESSION_PIDS)
+    assert e.value.reason == "PID_BUDGET" and "kernel.pid_max" in e.value.message, e.value
+    # a daemon asked for more slots than the host holds refuses to start, and says why
+    name = f"budget-{os.getpid()}"
+    env = {**os.environ, "DRUMS_STATE_ROOT": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "drums_core.daemon", "--instance", name, "--slot-base", "20000",
+                        "--slot-count", str(too_many)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 4 and "PID_BUDGET" in r.stderr, (r.returncode, r.stderr)
+    assert not (tmp_path / name).exists(), "a refused daemon made its state directory"
