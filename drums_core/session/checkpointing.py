@@ -129,13 +129,21 @@ class CheckpointOps:
 
     def _check_store_room(self, s: Session, snap_id: str) -> None:
         """Make room in the instance's store for a checkpoint's images and layer (its session's anonymous
-        and shared memory plus its writable layer's use), evicting or spilling what nothing uses; else
-        Unavailable STORE_FULL with nothing touched (see :mod:`drums_core.store.budget`)."""
+        and shared memory plus what its writable layer occupies: blocks and inodes, as the kernel counts
+        them, never file sizes), evicting or spilling what nothing uses; else Unavailable STORE_FULL, or
+        SNAPSHOT_TOO_LARGE over the per-checkpoint cap, with nothing touched (:mod:`drums_core.store.budget`)."""
         from ..store.budget import MARGIN
+        from ..store.usage import fs_usage
 
-        rw = os.statvfs(Path(s.dir) / "rw")
-        need = (rw.f_blocks - rw.f_bfree) * rw.f_frsize + self._dump_estimate(s)
-        self.keeper.make_room(need, snap_id)
+        upper = fs_usage(Path(s.dir) / "rw")
+        memory = self._dump_estimate(s)
+        # the upper's pages a session wrote are charged to its cgroup as shmem too: count them once
+        shmem = max(0, memory["shmem"] - upper.blocks)
+        need = upper.charge + memory["anon"] + shmem
+        parts = {"upper_blocks": upper.blocks, "upper_inodes": upper.inodes, "anon": memory["anon"],
+                 "shmem": memory["shmem"], "shmem_counted": shmem}
+        log.debug("checkpoint %s of %s may add %d MiB: %s", snap_id, s.id, need >> 20, parts)
+        self.keeper.make_room(need, snap_id, parts)
         st = os.statvfs(self.instance.state_dir)
         free = st.f_bavail * st.f_frsize
         if need + MARGIN > free:
@@ -143,17 +151,17 @@ class CheckpointOps:
                               f"{need >> 20} MiB", reason="STORE_FULL", detail={"free": free, "need": need})
 
     @staticmethod
-    def _dump_estimate(s: Session) -> int:
+    def _dump_estimate(s: Session) -> dict:
         """What CRIU will write for the session: its anonymous and shared (tmpfs, shm) memory."""
         if s.cgroup is None:
-            return 0
+            return {"anon": 0, "shmem": 0}
         try:
             stat = cgroups.parse_keyed(Path(s.cgroup._dir("memory"), "memory.stat").read_text())
         except (OSError, DrumsError):
-            return s.cgroup.memory_current()
+            return {"anon": s.cgroup.memory_current(), "shmem": 0}
         if s.cgroup.driver == "v2":
-            return stat.get("anon", 0) + stat.get("shmem", 0)
-        return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+            return {"anon": stat.get("anon", 0), "shmem": stat.get("shmem", 0)}
+        return {"anon": stat.get("total_rss", 0), "shmem": stat.get("total_shmem", 0)}
 
     def _existing_checkpoint(self, snap_id: str, params: dict) -> Snapshot | None:
         try:

@@ -15,6 +15,12 @@ be low). Room is made in this order, least recently used (last restore, else cre
 3. else refuse: ``Unavailable`` with reason ``STORE_FULL``; nothing was evicted or spilled (the
    plan is made before anything moves).
 
+Before any of that, one checkpoint may add at most ``DRUMS_SNAPSHOT_MAX`` (``2g``, or ``25%`` of the
+budget; default a quarter of the budget, at least 1 GiB): a bigger one is refused with
+``Unavailable`` reason ``SNAPSHOT_TOO_LARGE`` before anything is written, evicted or spilled, so no
+one session can push the others' states out of memory. Sizes are what a snapshot occupies (allocated
+blocks, each inode once, and its inodes: :mod:`drums_core.store.usage`), never what its files claim.
+
 *Unused* means: no live session stacks on its layer (restored from it or from a descendant), no
 other snapshot stacks on its layer (chained checkpoints: a parent goes only after its children),
 and no operation holds it (:meth:`StoreKeeper.hold`: a restore being set up, a checkpoint in
@@ -50,6 +56,8 @@ MiB = 1 << 20
 MARGIN = 64 * MiB           # kept free on the tmpfs beyond a checkpoint's estimate
 DEFAULT_BUDGET = "80%"
 DEFAULT_MEM_FLOOR = "1g"
+DEFAULT_SNAPSHOT_MAX_SHARE = 0.25   # of the budget, ...
+MIN_SNAPSHOT_MAX = 1 << 30          # ... but at least this: the heaviest desktop measured dumps ~0.5 GiB
 DEFAULT_SPILL_ROOT = Path("/var/lib/drums/spill")
 JOURNAL_KEEP = 1000         # journal lines kept across restarts
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -99,6 +107,8 @@ class BudgetConfig:
     spill_root: Path | None
     mem_floor: int = 1 << 30
     disk_reserve: int = 2 << 30   # spilling stops short of this much free disk
+    snapshot_max: int | None = None   # what one checkpoint may add (None: no cap)
+    snapshot_max_source: str = "no cap"
 
     @classmethod
     def from_env(cls, state_dir: Path, instance: str, env: dict | None = None) -> BudgetConfig:
@@ -118,7 +128,16 @@ class BudgetConfig:
 
                 raise InvalidArgument(f"DRUMS_SPILL_DIR must be absolute: {spill!r}", reason="BAD_SPILL_DIR")
         floor = parse_size(env.get("DRUMS_STORE_MEM_FLOOR") or DEFAULT_MEM_FLOOR)
-        return cls(budget=budget, source=source, spill_root=spill_root, mem_floor=floor)
+        raw_max = env.get("DRUMS_SNAPSHOT_MAX")
+        if raw_max:
+            snapshot_max = parse_size(raw_max, whole=budget)
+            max_source = f"DRUMS_SNAPSHOT_MAX={raw_max}"
+        else:
+            snapshot_max = max(MIN_SNAPSHOT_MAX, int(budget * DEFAULT_SNAPSHOT_MAX_SHARE))
+            max_source = (f"a quarter of the budget, at least {MIN_SNAPSHOT_MAX >> 30} GiB; DRUMS_SNAPSHOT_MAX "
+                          "sets it")
+        return cls(budget=budget, source=source, spill_root=spill_root, mem_floor=floor,
+                   snapshot_max=snapshot_max, snapshot_max_source=max_source)
 
 
 @dataclass
@@ -148,10 +167,13 @@ class StoreKeeper:
         self._reserved: dict[str, int] = {}
         self._actions: dict[str, list[dict]] = {}
         self._gone: dict[str, dict] = {}  # id -> journal entry, for a clear NotFound
-        self.counts = {"evicted": 0, "spilled": 0, "store_full": 0}
+        self.counts = {"evicted": 0, "spilled": 0, "store_full": 0, "too_large": 0}
         self._load_journal()
-        log.info("snapshot store budget %.0f MiB (%s), spill directory %s, memory floor %.0f MiB",
-                 config.budget / MiB, config.source, config.spill_root or "off", config.mem_floor / MiB)
+        log.info("snapshot store budget %.0f MiB (%s), spill directory %s, memory floor %.0f MiB, one checkpoint "
+                 "at most %s (%s)", config.budget / MiB, config.source, config.spill_root or "off",
+                 config.mem_floor / MiB,
+                 "any size" if config.snapshot_max is None else f"{config.snapshot_max / MiB:.0f} MiB",
+                 config.snapshot_max_source)
 
     # ------------------------------------------------------------------ holds
     @contextlib.contextmanager
@@ -271,9 +293,30 @@ class StoreKeeper:
         return plan, facts
 
     # ------------------------------------------------------------------ moves
-    def make_room(self, need: int, for_id: str) -> list[dict]:
+    def check_size(self, need: int, for_id: str, parts: dict | None = None) -> None:
+        """Refuse a checkpoint that may add more than one checkpoint may (``DRUMS_SNAPSHOT_MAX``):
+        Unavailable ``SNAPSHOT_TOO_LARGE``. Called before anything is written, evicted or spilled."""
+        cap = self.config.snapshot_max
+        if cap is None or need <= cap:
+            return
+        with self._lock:
+            self.counts["too_large"] += 1
+        detail = {"need": need, "snapshot_max": cap, "source": self.config.snapshot_max_source,
+                  "parts": parts or {}, "snapshot": for_id}
+        log.warning("refused checkpoint %s: it may add %.0f MiB, one checkpoint may add %.0f MiB (%s); %s",
+                    for_id, need / MiB, cap / MiB, self.config.snapshot_max_source, parts or "")
+        raise Unavailable(
+            f"this checkpoint may add {need / MiB:.0f} MiB to the snapshot store (what the session's files and "
+            f"memory occupy), and one checkpoint may add at most {cap / MiB:.0f} MiB "
+            f"({self.config.snapshot_max_source}). Nothing was written, evicted or spilled and the session runs "
+            "on: free space in the session, or raise DRUMS_SNAPSHOT_MAX", reason="SNAPSHOT_TOO_LARGE",
+            detail=detail)
+
+    def make_room(self, need: int, for_id: str, parts: dict | None = None) -> list[dict]:
         """Room for a checkpoint ``for_id`` of about ``need`` bytes: evict, spill, or raise STORE_FULL
-        (Unavailable; nothing moved). The room stays reserved until :meth:`release`."""
+        (Unavailable; nothing moved), or SNAPSHOT_TOO_LARGE above the per-checkpoint cap (see
+        :meth:`check_size`). The room stays reserved until :meth:`release`."""
+        self.check_size(need, for_id, parts)
         with self._room:
             plan, facts = self._plan(need, protect={for_id}, hard=True)
             actions = self._apply(plan, facts, for_id)
@@ -458,6 +501,7 @@ class StoreKeeper:
             "mem_floor": cfg.mem_floor, "spill_dir": str(cfg.spill_root) if cfg.spill_root else None,
             "evicted": sum(e.get("action") == "evicted" for e in journal),
             "spilled_total": sum(e.get("action") == "spilled" for e in journal),
-            "store_full": self.counts["store_full"],
+            "store_full": self.counts["store_full"], "too_large": self.counts["too_large"],
+            "snapshot_max": cfg.snapshot_max, "snapshot_max_source": cfg.snapshot_max_source,
             "recent": journal[-10:],
         }

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, NotFound
 from ..host.procs import boot_id
+from . import usage
 
 COMMITTED = "COMMITTED"
 DUMPED = "DUMPED"
@@ -73,6 +74,7 @@ class Snapshot:
     image_hash: str | None = None  # content hash of the image the session ran on (None: made over the host's /)
     id_base: int | None = None     # host id of the session's uid 0 (files in its layers are owned from there)
     retention: str = "pinned"      # "cache": the store may evict it when nothing uses it (see store.budget)
+    usage: dict = field(default_factory=dict)  # what ``size`` counts: blocks, inodes (see store.usage)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,9 +123,16 @@ class SnapshotStore:
         return self.root / sid
 
     def mark_dumped(self, snap: Snapshot, upper: str, root: str) -> None:
-        """Record that CRIU finished: from here on the snapshot can always be finished, even after a crash."""
+        """Record that CRIU finished: from here on the snapshot can always be finished, even after a crash.
+        What the session's writable filesystem holds now is kept with it: the charge of a layer whose
+        walk is cut short (see :func:`drums_core.store.usage.snapshot_usage`)."""
         staged = self.staging(snap.id)
-        write_atomic(staged / DUMPED, json.dumps({"snapshot": snap.to_dict(), "upper": upper, "root": root}))
+        try:
+            held = usage.fs_usage(upper).to_dict()
+        except OSError:
+            held = None
+        write_atomic(staged / DUMPED, json.dumps({"snapshot": snap.to_dict(), "upper": upper, "root": root,
+                                                  "upper_usage": held}))
 
     def finish(self, sid: str) -> Snapshot:
         """Finish a dumped snapshot: move the images, freeze the upper into the layer, publish, commit.
@@ -157,7 +166,10 @@ class SnapshotStore:
         for leftover in (staged / "criu.log",):
             if leftover.exists() or leftover.is_symlink():
                 leftover.unlink()
-        snap.size = rootfs.dir_size(staged)
+        held = marker.get("upper_usage")
+        fallback = usage.Usage(**{k: v for k, v in held.items() if k != "charge"}) if held else None
+        snap.usage = usage.snapshot_usage(staged, upper_fallback=fallback)
+        snap.size = snap.usage["size"]
         snap.files = {p.name: p.stat().st_size for p in sorted((staged / "images").iterdir()) if p.is_file()}
         write_atomic(staged / MANIFEST, json.dumps(snap.to_dict(), indent=1))
         faults.hit("checkpoint-staged")

@@ -48,6 +48,7 @@ from pathlib import Path
 from ..config import check_name
 from ..errors import DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from ..host.procs import boot_id
+from .usage import snapshot_usage
 from .snapshots import BROKEN, COMMITTED, DUMPED, LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
 
 log = logging.getLogger("drums.transfer")
@@ -143,8 +144,10 @@ def pack(store: SnapshotStore, sid: str, dest: str | os.PathLike[str], *, skip: 
         for i in sent:  # a spilled snapshot is read where it lives on disk (under the same name)
             where = store.path(i).resolve().parent if store.is_spilled(i) else store.root
             members += ["-C", str(where), check_name(i, "snapshot id")]
-        argv = [TAR, "--create", "--file=-", *_TAR_COMMON, "--anchored", *excludes, "-C", meta, BUNDLE_MANIFEST,
-                *members]
+        # --sparse: a layer's sparse file (a session can `truncate -s 20T`) travels as its data and a
+        # map of its holes, not as terabytes of zeros; hard links travel as links (tar's default)
+        argv = [TAR, "--create", "--file=-", *_TAR_COMMON, "--sparse", "--anchored", *excludes, "-C", meta,
+                BUNDLE_MANIFEST, *members]
         h = hashlib.sha256()
         size = 0
         try:
@@ -332,6 +335,11 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
                                reason="BUNDLE_CORRUPT")
             _verify_sizes(d, snap)
             check_layer(d / "layer")
+            measured = snapshot_usage(d)  # what it occupies here, never the size the sender claims
+            if not measured["layer"]["complete"]:
+                raise Internal(f"snapshot {sid}: its layer could not be measured ({measured['basis']})",
+                               reason="BUNDLE_UNSAFE")
+            snap.usage, snap.size = measured, measured["size"]
             provenance = {"sha256": actual, "bundle_top": m["top"], "source_boot_id": snap.boot_id,
                           "source_layers": list(snap.layers), "imported": time.time()}
             snap.layers = [str(store.path(o) / "layer") for o in owners]
