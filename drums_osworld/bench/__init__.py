@@ -24,6 +24,9 @@ floor          what CRIU's own costs leave: restore with eager vs lazy pages (CP
 spill          Writer post-setup restore from the state tmpfs vs spilled to disk (warm, cold)
 images         the osworld image against the light default one: size, build time, cold boot, init_state
                restore to agent-ready, PSS per session with Chromium and LibreOffice open
+density        osworld desktops (Chromium, GIMP, VLC, Impress open) restored until the host is full:
+               desktops held, why it stopped, PSS with and without KSM, inotify and pids per desktop;
+               then the others' restores, screenshots and checkpoints with and without a hostile one
 =============  ==================================================================================
 
 ``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
@@ -54,6 +57,7 @@ SUITES = {
     "cluster": ("cluster", "run_cluster"),
     "spill": ("spill", "run_spill"),
     "images": ("images", "run_images"),
+    "density": ("density", "run_density"),
 }
 
 __all__ = ["SUITES", "main", "run_suite"]
@@ -78,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
                                                           "/opt/drums/osworld-venv/bin/python)")
     p.add_argument("--slot-base", type=int, default=300, help="first of the 100 slots the suites may use "
                                                               "(default 300)")
+    d = p.add_argument_group("density")
+    d.add_argument("--max", type=int, default=None, help="stop filling at N desktops (default: until memory or "
+                                                          "a failure stops it; --quick: 3)")
+    d.add_argument("--batch", type=int, default=None, help="restores run at once (default 4; --quick: 2)")
+    d.add_argument("--reserve-mib", type=float, default=None, help="stop filling when MemAvailable would fall "
+                                                                   "under this (default 1536)")
+    d.add_argument("--hostile-inotify-cap", type=int, default=None,
+                   help="the hostile desktop takes at most N inotify instances (default: until refused)")
+    d.add_argument("--hostile-pids-cap", type=int, default=None,
+                   help="the hostile desktop takes at most N tasks (default: until refused)")
     t = p.add_argument_group("osworld-tasks")
     t.add_argument("--tasks", type=Path, default=None, help="OSWorld's evaluation_examples directory")
     t.add_argument("--image", default=None, help="desktop image (default: the provider's, osworld)")

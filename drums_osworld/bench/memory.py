@@ -102,6 +102,20 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextlib.contextmanager
+def ksm_lock(path: str = "/run/drums-bench-ksm.lock"):
+    """A host-wide lock for the suites that switch KSM on (memory, density): two of them at once
+    would each find the other's KSM running, or put settings back under the other."""
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def wait_full_scans(n: int, timeout: float) -> bool:
     start = int(ksm_read("full_scans"))
     deadline = time.monotonic() + timeout
@@ -136,6 +150,11 @@ class KsmArm(contextlib.AbstractContextManager):
 
 # ----------------------------------------------------------------------------------- the suite
 def run_memory(opts) -> dict:
+    with ksm_lock():  # the density suite switches KSM too: one at a time
+        return _run_memory(opts)
+
+
+def _run_memory(opts) -> dict:
     trials = opts.rounds or (1 if opts.quick else 3)
     top = 2 if opts.quick else 12
     settle = 0.5 if opts.quick else 1.0
