@@ -114,7 +114,7 @@ class CheckpointOps:
                             snap = self._checkpoint_locked(s, snap_id, name, params, leave_running)
                         finally:
                             moved = self.keeper.release(snap_id)
-                        moved += self.keeper.settle(snap_id)
+                        moved += self.keeper.settle(snap_id, session=s.id)
                     snap.store_report = {"actions": moved, "budget": self.keeper.config.budget}
             finally:
                 s.lock.release()
@@ -143,7 +143,7 @@ class CheckpointOps:
         parts = {"upper_blocks": upper.blocks, "upper_inodes": upper.inodes, "anon": memory["anon"],
                  "shmem": memory["shmem"], "shmem_counted": shmem}
         log.debug("checkpoint %s of %s may add %d MiB: %s", snap_id, s.id, need >> 20, parts)
-        self.keeper.make_room(need, snap_id, parts)
+        self.keeper.make_room(need, snap_id, parts, session=s.id)
         st = os.statvfs(self.instance.state_dir)
         free = st.f_bavail * st.f_frsize
         if need + MARGIN > free:

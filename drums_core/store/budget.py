@@ -229,8 +229,10 @@ class StoreKeeper:
         return sum(it.size for it in items.values() if not it.spilled)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, need: int, protect: set[str], hard: bool) -> tuple[list[tuple[str, _Item]], dict]:
-        """The moves that make room for ``need`` bytes, LRU first, and the numbers behind them."""
+    def _plan(self, need: int, protect: set[str], hard: bool,
+              session: str | None = None) -> tuple[list[tuple[str, _Item]], dict]:
+        """The moves that make room for ``need`` bytes, LRU first, and the numbers behind them. Pinned
+        snapshots ``session`` made itself are spilled before any other session's."""
         items = self._items()
         layers, ids = self.in_use()
         cfg = self.config
@@ -263,7 +265,8 @@ class StoreKeeper:
                              and disk_free - it.size >= cfg.disk_reserve]
                 if not spillable:
                     break
-                victim = min(spillable, key=lambda it: it.last_used)
+                victim = min(spillable, key=lambda it: (session is None or it.snap.session != session,
+                                                        it.last_used))
                 disk_free -= victim.size
                 plan.append(("spill", victim))
             gone.add(victim.snap.id)
@@ -312,24 +315,26 @@ class StoreKeeper:
             "on: free space in the session, or raise DRUMS_SNAPSHOT_MAX", reason="SNAPSHOT_TOO_LARGE",
             detail=detail)
 
-    def make_room(self, need: int, for_id: str, parts: dict | None = None) -> list[dict]:
+    def make_room(self, need: int, for_id: str, parts: dict | None = None, session: str | None = None) -> list[dict]:
         """Room for a checkpoint ``for_id`` of about ``need`` bytes: evict, spill, or raise STORE_FULL
         (Unavailable; nothing moved), or SNAPSHOT_TOO_LARGE above the per-checkpoint cap (see
-        :meth:`check_size`). The room stays reserved until :meth:`release`."""
+        :meth:`check_size`). The room stays reserved until :meth:`release`. ``session``: the session
+        checkpointed, whose own pinned snapshots are spilled before others'."""
         self.check_size(need, for_id, parts)
         with self._room:
-            plan, facts = self._plan(need, protect={for_id}, hard=True)
+            plan, facts = self._plan(need, protect={for_id}, hard=True, session=session)
             actions = self._apply(plan, facts, for_id)
             with self._lock:
                 self._reserved[for_id] = need
                 self._actions.setdefault(for_id, []).extend(actions)
         return actions
 
-    def settle(self, protect: set[str] | str = ()) -> list[dict]:
-        """After a checkpoint committed: back under budget, as far as unused snapshots allow."""
+    def settle(self, protect: set[str] | str = (), session: str | None = None) -> list[dict]:
+        """After a checkpoint committed: back under budget, as far as unused snapshots allow (``session``'s
+        own pinned snapshots spilled first, as in :meth:`make_room`)."""
         protect = {protect} if isinstance(protect, str) else set(protect)
         with self._room:
-            plan, facts = self._plan(0, protect=protect, hard=False)
+            plan, facts = self._plan(0, protect=protect, hard=False, session=session)
             actions = self._apply(plan, facts, next(iter(protect), None))
             if facts["used"] - sum(it.size for _, it in plan) > self.config.budget:
                 log.warning("the snapshot store stays over its budget: %.0f of %.0f MiB, and nothing more can "
