@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import config
 from ..errors import FailedPrecondition, NotFound, Unavailable
-from . import linux, mounttable
+from . import bounded, linux, mounttable
 
 log = logging.getLogger("drums_core.host.images")
 
@@ -276,8 +276,13 @@ def users_of(name: str) -> list[str]:
     host_root = _root_mount(Path("/proc/self/mountinfo").read_text())
     for i, mountinfo in enumerate(_mount_namespaces()):  # ours first
         try:
-            text = mountinfo.read_text()
+            text = bounded.read_path(str(mountinfo), limit=mounttable.OWN_TABLE_LIMIT if i == 0 else
+                                     bounded.MOUNTINFO_LIMIT, timeout=bounded.PROC_TIMEOUT).data.decode(
+                                         "utf-8", "surrogateescape")
         except OSError:
+            continue
+        except Unavailable as exc:  # fail closed: a table too large to read may hold the image
+            users.append(f"a mount table that could not be read whole ({exc.reason}; {mountinfo.parent.name})")
             continue
         if i > 0 and host_root is not None and _root_mount(text) == host_root:
             continue

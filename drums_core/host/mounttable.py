@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import linux
+from ..errors import Unavailable
+from . import bounded, linux
 from .ownedpaths import abs_paths, norm_path, within_any
 
 PROC = "/proc"
+OWN_TABLE_LIMIT = 64 << 20  # this process's own table: the host's, never a session's to grow
 
 
 def unescape_mountinfo(field_: str) -> str:
@@ -126,10 +128,21 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
     return out
 
 
+class TableTooLarge(ValueError):
+    """A mount table over its bound (:func:`read_mountinfo`): callers treat it as unreadable."""
+
+
 def read_mountinfo(pid: int | str = "self") -> list[MountInfo]:
-    """The mount table of ``pid``'s mount namespace. Raises OSError/ValueError (fail closed)."""
-    with open(f"{PROC}/{pid}/mountinfo", "rb") as f:
-        raw = f.read()
+    """The mount table of ``pid``'s mount namespace, read through :mod:`.bounded`: another
+    namespace's (a session may make thousands of mounts in a nested user namespace) up to
+    ``bounded.MOUNTINFO_LIMIT`` bytes, this process's own up to :data:`OWN_TABLE_LIMIT`, each in at
+    most ``bounded.PROC_TIMEOUT`` s. Raises OSError/ValueError (fail closed); over a bound,
+    :class:`TableTooLarge` (a ValueError) naming the bound's reason."""
+    limit = OWN_TABLE_LIMIT if pid == "self" else bounded.MOUNTINFO_LIMIT
+    try:
+        raw = bounded.read_path(f"{PROC}/{pid}/mountinfo", limit=limit, timeout=bounded.PROC_TIMEOUT).data
+    except Unavailable as exc:
+        raise TableTooLarge(f"mount table of {pid}: {exc}") from exc
     mounts = parse_mountinfo(raw.decode("utf-8", "surrogateescape"))
     if pid == "self" and not mounts:
         raise ValueError("empty mount table")

@@ -1,12 +1,22 @@
 """Process discovery over ``/proc`` and signalling by pidfd: what the ledger and the sweep decide ownership by.
 
-Ownership is decided by evidence that cannot collide by accident:
+Ownership is decided by evidence that cannot collide by accident, nor be forged by a session:
 
 - a run tag, ``--tag drums:<run>`` as two whole argv elements (or the one element
-  ``--tag=drums:<run>``), never a substring of the command line;
+  ``--tag=drums:<run>``), never a substring of the command line; and a tag counts only where what
+  the session cannot write agrees (:attr:`ProcInfo.tags`): a process in a Drums cgroup
+  (``<hierarchy>/drums/<run>/...``, which only host root can move it out of) vouches for its own
+  run's tag alone, and a process outside every Drums cgroup only when it is in the host's user
+  namespace (a session's processes never are: a user namespace cannot be left). A desktop that
+  writes another instance's tag into its argv is therefore nobody's but its own run's;
 - a pid together with its start time (field 22 of ``/proc/<pid>/stat``), so a reused pid is
   never mistaken for the recorded process;
 - a path, compared by whole components (:mod:`.ownedpaths`); mounts are read by :mod:`.mounttable`.
+
+Everything read from ``/proc/<pid>`` goes through :mod:`.bounded` (a session shapes its own
+processes' argv, environment and mount tables): argv is read up to :data:`CMDLINE_LIMIT` bytes, so
+a process that points its argument area at a large region (``prctl(PR_SET_MM_MAP)``) costs a scan
+a few KiB, not its region.
 
 A zombie counts as dead everywhere (on some hosts pid 1 never reaps, so a killed orphan stays a
 zombie forever). Every reader returns ``None`` or an empty value for a process that vanished
@@ -23,11 +33,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..errors import Unavailable
+from . import bounded
 from .ownedpaths import clean_link_target
 
 PROC = "/proc"
 TAG_PREFIX = "drums:"
 ZOMBIE_STATES = frozenset("ZXx")
+CGROUP_BASE = "drums"                     # session groups: <hierarchy>/drums/<run>/<session>
+CMDLINE_LIMIT = bounded.CMDLINE_LIMIT     # argv bytes kept; a tag is a whole element within them
+CGROUP_LIMIT = 64 << 10                   # /proc/<pid>/cgroup: one line per hierarchy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,10 +100,9 @@ def parse_stat(text: str) -> Stat:
 
 def read_stat(pid: int | str) -> Stat | None:
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as f:
-            raw = f.read()
+        raw = bounded.read_path(f"{PROC}/{pid}/stat", limit=4096, timeout=bounded.PROC_TIMEOUT).data
         return parse_stat(raw.decode("utf-8", "surrogateescape"))
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, Unavailable):
         return None
 
 
@@ -98,18 +112,58 @@ def starttime(pid: int | str) -> int | None:
     return st.starttime if st else None
 
 
-def read_cmdline(pid: int | str) -> list[str]:
-    """argv of ``pid`` ([] for kernel threads, zombies and vanished processes)."""
+def read_cmdline(pid: int | str, limit: int = CMDLINE_LIMIT) -> list[str]:
+    """argv of ``pid`` ([] for kernel threads, zombies and vanished processes): its whole elements
+    within the first ``limit`` bytes (an element cut by the limit is left out, so a tag is seen whole
+    or not at all)."""
     try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
+        got = bounded.read_path(f"{PROC}/{pid}/cmdline", limit=limit, timeout=bounded.PROC_TIMEOUT, truncate=True)
+    except (OSError, Unavailable):
         return []
+    raw = got.data
+    if got.truncated:
+        raw = raw[:raw.rfind(b"\0") + 1]
     if not raw:
         return []
     if raw.endswith(b"\0"):
         raw = raw[:-1]
     return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")]
+
+
+def cgroup_runs(pid: int | str) -> frozenset[str]:
+    """The runs whose Drums groups (``.../drums/<run>/...``, in any hierarchy) hold ``pid``, as the
+    kernel reports them in ``/proc/<pid>/cgroup`` (paths relative to this process's cgroup
+    namespace; a session cannot rename its group nor leave it). Empty when it is in none, or gone."""
+    try:
+        raw = bounded.read_path(f"{PROC}/{pid}/cgroup", limit=CGROUP_LIMIT, timeout=bounded.PROC_TIMEOUT).data
+    except (OSError, Unavailable):
+        return frozenset()
+    out: set[str] = set()
+    for line in raw.decode("utf-8", "surrogateescape").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        segs = parts[2].split("/")
+        for i, seg in enumerate(segs[:-1]):
+            if seg == CGROUP_BASE:
+                if segs[i + 1]:
+                    out.add(segs[i + 1])
+                break  # the first drums/ level is the host's; a deeper one would be the session's own
+    return frozenset(out)
+
+
+_OWN_USERNS: list[str | None] = []
+
+
+def own_userns() -> str | None:
+    """This process's user namespace (``user:[inode]``), read once."""
+    if not _OWN_USERNS:
+        _OWN_USERNS.append(readlink(f"{PROC}/self/ns/user"))
+    return _OWN_USERNS[0]
+
+
+def userns(pid: int | str) -> str | None:
+    return readlink(f"{PROC}/{pid}/ns/user")
 
 
 def readlink(path: str) -> str | None:
@@ -202,6 +256,8 @@ class ProcInfo:
     state: str
     starttime: int
     argv: tuple[str, ...]
+    cgroup_runs: frozenset[str] = frozenset()   # runs of the Drums groups it is in (cgroup_runs)
+    foreign_userns: bool = False                # in a user namespace other than this process's
 
     @property
     def zombie(self) -> bool:
@@ -212,8 +268,29 @@ class ProcInfo:
         return (self.pid, self.starttime)
 
     @property
-    def tags(self) -> list[str]:
+    def claimed_tags(self) -> list[str]:
+        """Every ``--tag`` value in its argv, as the process wrote it (it may be a session's forgery)."""
         return tags_of(self.argv)
+
+    @property
+    def tags(self) -> list[str]:
+        """The run tags that count: those its argv carries and what it cannot forge agrees with.
+
+        - in one run's Drums groups: that run's tag only (a desktop that writes another run's tag
+          into its argv stays its own run's);
+        - in the groups of several runs (never made so): none;
+        - in no Drums group: its tags when it is in this process's user namespace (host-side
+          processes), none when it is in another one (a session's process outside every group).
+        """
+        claimed = tags_of(self.argv)
+        if not claimed:
+            return []
+        if self.cgroup_runs:
+            if len(self.cgroup_runs) != 1:
+                return []
+            (run,) = self.cgroup_runs
+            return [t for t in claimed if t == run_tag(run)]
+        return [] if self.foreign_userns else claimed
 
     @property
     def is_criu(self) -> bool:
@@ -233,8 +310,15 @@ def read_proc(pid: int) -> ProcInfo | None:
     st = read_stat(pid)
     if st is None:
         return None
+    argv = tuple(read_cmdline(pid))
+    runs: frozenset[str] = frozenset()
+    foreign = False
+    if tags_of(argv):  # the evidence a tag needs (ProcInfo.tags); untagged processes are not asked
+        runs = cgroup_runs(pid)
+        ns = userns(pid)
+        foreign = ns is None or ns != own_userns()
     return ProcInfo(pid=pid, ppid=st.ppid, comm=st.comm, state=st.state, starttime=st.starttime,
-                    argv=tuple(read_cmdline(pid)))
+                    argv=argv, cgroup_runs=runs, foreign_userns=foreign)
 
 
 def scan_processes() -> dict[int, ProcInfo]:
@@ -292,9 +376,10 @@ def self_and_ancestors() -> set[int]:
 
 
 def find_tagged(tag: str, procs: dict[int, ProcInfo] | None = None) -> list[ProcInfo]:
-    """Live (non-zombie) processes whose argv carries ``tag`` as a whole ``--tag`` value."""
+    """Live (non-zombie) processes whose argv carries ``tag`` as a whole ``--tag`` value that counts
+    (:attr:`ProcInfo.tags`)."""
     procs = scan_processes() if procs is None else procs
-    return [p for p in procs.values() if not p.zombie and has_tag(p.argv, tag)]
+    return [p for p in procs.values() if not p.zombie and tag in p.tags]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,7 +120,11 @@ def replace_file(root: str, rel: str, data: bytes | str, mode: int = 0o644,
         os.close(pfd)
 
 
-def read_file(root: str, rel: str, limit: int = 1 << 20) -> bytes:
+def read_file(root: str, rel: str, limit: int = 1 << 20, timeout: float = 30.0) -> bytes:
+    """A regular file of a session root, read through :mod:`.bounded`: Unavailable
+    ``SESSION_REPLY_TOO_LARGE`` over ``limit`` bytes, ``SESSION_REPLY_TIMEOUT`` after ``timeout`` s."""
+    from . import bounded
+
     fd = open_in_root(root, rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         import stat
@@ -128,7 +132,7 @@ def read_file(root: str, rel: str, limit: int = 1 << 20) -> bytes:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FailedPrecondition(f"refusing {rel!r} in session root {root}: not a regular file",
                                      reason="UNSAFE_PATH", detail={"path": rel, "root": root})
-        return os.read(fd, limit)
+        return bounded.read_fd(fd, limit=limit, timeout=timeout, what=f"{rel!r} in session root {root}").data
     finally:
         os.close(fd)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config import CRIU_BIN, PYCRIU_PATH
 from ..errors import Internal, Unavailable
+from ..host import bounded
 from ..host import kernel_budget
 
 try:
@@ -35,6 +36,8 @@ from pycriu import rpc_pb2 as rpc  # noqa: E402
 _pycriu_mod = _sys.modules["pycriu.criu"]  # the module; ``pycriu.criu`` is shadowed by the class
 
 LOG_NAME = "criu.log"
+LOG_HEAD = 1 << 20   # bytes of a CRIU log kept from its start ...
+LOG_TAIL = 4 << 20   # ... and from its end (the middle of a longer one is dropped, and said)
 log_module = logging.getLogger("drums.criu")
 
 
@@ -58,11 +61,14 @@ class _LogPipe:
         self._keep = os.open(self.path, os.O_WRONLY)  # keeps the reader from seeing EOF before CRIU opens it
         os.set_blocking(self._rfd, True)
         self.lines: list[str] = []
-        self._buf = b""
+        # the log is drained whole (CRIU must never block on it) but kept bounded: a session shapes
+        # its length (one line per mapping, file, socket...), so only its head and tail stay
+        self._kept = bounded.HeadTail(head=LOG_HEAD, tail=LOG_TAIL)
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
     def _drain(self) -> None:
+        last = b""
         while True:
             try:
                 chunk = os.read(self._rfd, 65536)
@@ -70,11 +76,12 @@ class _LogPipe:
                 break
             if not chunk:
                 break
-            self._buf += chunk
-            if self.on_giving_up is not None and GIVING_UP in self._buf[-len(chunk) - len(GIVING_UP):]:
+            self._kept.add(chunk)
+            if self.on_giving_up is not None and GIVING_UP in last + chunk:
                 self.on_giving_up()
                 self.on_giving_up = None
-        self.lines = self._buf.decode("utf-8", "replace").splitlines()
+            last = chunk[-len(GIVING_UP):]
+        self.lines = self._kept.value().decode("utf-8", "replace").splitlines()
 
     def close(self) -> list[str]:
         os.close(self._keep)

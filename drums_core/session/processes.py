@@ -5,6 +5,8 @@ import os
 import signal
 from dataclasses import dataclass
 
+from ..errors import Unavailable
+from ..host import bounded
 from ..host.procs import is_alive, open_handle, read_stat, send_signal, starttime, wait_dead
 
 
@@ -25,11 +27,12 @@ def _pidns(pid: int) -> str | None:
 
 def _nspid(pid: int) -> int:
     try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-    except OSError:
-        pass
+        text = bounded.read_proc(pid, "status").data.decode("utf-8", "surrogateescape")
+    except (OSError, Unavailable):
+        return -1
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
     return -1
 
 
@@ -129,9 +132,10 @@ def kill_tree_under(top: str) -> int:
 
 def pss_kib(pid: int) -> int:
     try:
-        for line in open(f"/proc/{pid}/smaps_rollup"):
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
+        text = bounded.read_proc(pid, "smaps_rollup").data.decode("utf-8", "surrogateescape")
+    except (OSError, Unavailable):
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
     return 0

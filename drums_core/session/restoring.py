@@ -4,6 +4,8 @@ liveness check that follows each restore. A mixin of :class:`drums_core.session.
 whose state it uses."""
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import os
 import threading
@@ -11,12 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from . import criu, display, faults, kernel_caps, netns, netpolicy, rootfs
 from ..config import ID_BASE
 from ..errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
-from ..host import procs
+from ..host import bounded, procs
 from ..host.procs import is_alive
 from ..store.snapshots import Snapshot
 from .model import SETTLED_AGE, Liveness, Session, SessionSpec, State, init_start_time
@@ -27,6 +27,9 @@ log = logging.getLogger("drums.supervisor")
 
 RETRY_LIMIT = 3
 RACE_ATTEMPTS = 3  # restores of one sibling that CRIU lost to a process ending (see _restore_raced)
+RESEED_REPLY_LIMIT = 64 << 10   # the reseed hook answers {"draw": ...}: a few dozen bytes
+RESEED_REPLY_TIMEOUT = 5.0      # one exchange with the hook, connect to last byte
+RESEED_CONNECT_WINDOW = 10.0    # how long a hook that refuses connections is tried again
 
 
 class _Background:
@@ -56,10 +59,9 @@ class _Background:
 
 
 def _started_by_dbus(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read(1 << 16)
-    except OSError:
+    try:  # the session writes its environment: its first 64 KiB are read, within bounds
+        env = bounded.read_proc(pid, "environ", limit=1 << 16, truncate=True).data
+    except (OSError, Unavailable):
         return False
     return b"\0DBUS_STARTER_BUS_TYPE=" in b"\0" + env
 
@@ -304,19 +306,30 @@ class RestoreOps:
         except OSError as exc:
             raise Unavailable(f"could not set hostname: {exc}", reason="RESEED_FAILED") from exc
         if s.spec.reseed_path and s.spec.wait_port:
-            url = f"http://{s.address}:{s.spec.wait_port}{s.spec.reseed_path}"
-            deadline = time.monotonic() + 10
+            # The guest's answer is the session's to shape: each attempt (connect, headers, body) is
+            # bounded in time and bytes (SESSION_REPLY_TIMEOUT / SESSION_REPLY_TOO_LARGE fail this
+            # restore alone, at once); only a connection that was never made is tried again.
+            what = f"reseed hook of {s.id} (POST http://{s.address}:{s.spec.wait_port}{s.spec.reseed_path})"
+            deadline = time.monotonic() + RESEED_CONNECT_WINDOW
             while True:
                 try:
-                    r = requests.post(url, timeout=5)
-                    if r.status_code == 200:
-                        s.timings["reseed_draw"] = r.json().get("draw")
-                        break
-                    raise Unavailable(f"reseed hook answered {r.status_code}", reason="RESEED_FAILED")
-                except requests.RequestException as exc:
+                    r = bounded.http_request("POST", s.address, s.spec.wait_port, s.spec.reseed_path,
+                                             body=b"", limit=RESEED_REPLY_LIMIT, timeout=RESEED_REPLY_TIMEOUT,
+                                             what=what)
+                except (OSError, http.client.HTTPException) as exc:
                     if time.monotonic() > deadline:
                         raise Unavailable(f"reseed hook unreachable: {exc}", reason="RESEED_FAILED") from exc
                     time.sleep(0.02)
+                    continue
+                if r.status != 200:
+                    raise Unavailable(f"reseed hook answered {r.status}", reason="RESEED_FAILED")
+                try:
+                    reply = json.loads(r.body)
+                except ValueError as exc:
+                    raise Unavailable(f"reseed hook answered no JSON: {r.body[:200]!r}",
+                                      reason="RESEED_FAILED") from exc
+                s.timings["reseed_draw"] = reply.get("draw") if isinstance(reply, dict) else None
+                break
 
     def _process_ages(self, s: Session) -> list[list]:
         """``[nspid, comm, age in seconds, on_demand]`` of each session process at a checkpoint. A

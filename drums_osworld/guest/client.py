@@ -9,9 +9,18 @@ Errors (all :class:`GuestError`, a :class:`drums_core.errors.DrumsError`)::
     GuestError
      +-- GuestUnavailable   no connection could be made after the bounded retries; the request was
      |                      never delivered, so nothing happened in the guest. Retrying is safe.
-     +-- GuestTimeout       connected, but no reply in time; the guest may have acted.
+     +-- GuestTimeout       connected, but no reply in time; the guest may have acted. A reply that
+     |                      was not complete within its total deadline (however slowly it came)
+     |                      has reason ``SESSION_REPLY_TIMEOUT``.
+     +-- GuestReplyTooLarge the reply was over its byte cap (``SESSION_REPLY_TOO_LARGE``).
      +-- GuestHTTPError     the guest answered with a non-2xx status (``status_code``, ``body``).
      +-- GuestProtocolError the guest answered 2xx with a body of the wrong shape.
+
+Every reply is read through :mod:`drums_core.host.bounded` (the guest is the session's, and the
+session is untrusted): at most ``max_reply`` bytes (``max_observation`` for screenshots, the a11y
+tree, the terminal and commands' output), and complete within the request's timeout counted from
+its start (connect, headers and body together; a reply dripped one byte at a time does not hold
+the caller longer), or within ``body_timeout`` of its headers when the request waits without limit.
 
 Only failures to *connect* are retried (``connect_retries`` times, ``retry_interval`` apart): a
 request that reached the server is never sent twice, since ``/execute`` is not idempotent.
@@ -28,6 +37,7 @@ from typing import Any
 import requests
 
 from drums_core.errors import DrumsError, Unavailable
+from drums_core.host import bounded
 
 logger = logging.getLogger("drums.osworld.guest_client")
 
@@ -38,12 +48,16 @@ __all__ = [
     "GuestError",
     "GuestHTTPError",
     "GuestProtocolError",
+    "GuestReplyTooLarge",
     "GuestTimeout",
     "GuestUnavailable",
     "python_command",
 ]
 
 DEFAULT_PORT = 5000
+MAX_REPLY = 512 << 20        # a file the evaluator fetches
+MAX_OBSERVATION = 64 << 20   # a screenshot, an a11y tree, a command's output (1920x1080 PNG: < 7 MiB)
+BODY_TIMEOUT = 300.0         # a reply's body, when its request waits for the answer without limit
 
 _DEFAULT: Any = object()  # "use the client's timeout"
 
@@ -72,6 +86,12 @@ class GuestTimeout(GuestError):
     """The guest accepted the request but did not answer in time; it may have acted."""
 
     default_reason = "GUEST_TIMEOUT"
+
+
+class GuestReplyTooLarge(GuestError):
+    """The guest's reply was over its byte cap; what came was dropped. The guest may have acted."""
+
+    default_reason = bounded.TOO_LARGE
 
 
 class GuestHTTPError(GuestError):
@@ -152,6 +172,9 @@ class GuestClient:
         connect_retries: int = 3,
         retry_interval: float = 1.0,
         session: requests.Session | None = None,
+        max_reply: int = MAX_REPLY,
+        max_observation: int = MAX_OBSERVATION,
+        body_timeout: float = BODY_TIMEOUT,
     ) -> None:
         if base_url is None:
             if not ip:
@@ -163,7 +186,11 @@ class GuestClient:
         self.connect_timeout = connect_timeout
         self.connect_retries = max(0, int(connect_retries))
         self.retry_interval = retry_interval
-        self._session = session or requests.Session()
+        self.max_reply = int(max_reply)
+        self.max_observation = int(max_observation)
+        self.body_timeout = float(body_timeout)
+        # its own session's connections are shut down at each request's deadline (bounded.deadline)
+        self._session = session or bounded.deadline_session()
         self._own_session = session is None
         # Never route loopback / netns traffic through a proxy from the environment.
         self._session.trust_env = False
@@ -183,10 +210,13 @@ class GuestClient:
         self.close()
 
     # -- transport -------------------------------------------------------------------------
-    def _request(self, method: str, path: str, *, timeout: float | None = _DEFAULT,
+    def _request(self, method: str, path: str, *, timeout: float | None = _DEFAULT, limit: int | None = None,
                  **kwargs: Any) -> requests.Response:
+        """The reply to one request, its body read within bounds (``limit`` bytes, default
+        ``max_reply``) and kept in ``resp.content``."""
         url = self.base_url + path
         read_timeout = self.timeout if timeout is _DEFAULT else timeout
+        limit = self.max_reply if limit is None else limit
         attempts = self.connect_retries + 1
         last: requests.RequestException | None = None
         for attempt in range(attempts):
@@ -194,10 +224,19 @@ class GuestClient:
                 for value in kwargs["files"].values():
                     if hasattr(value[1], "seek"):
                         value[1].seek(0)
+            t0 = time.monotonic()
+            total = None if read_timeout is None else self.connect_timeout + read_timeout
             try:
-                resp = self._session.request(method, url, timeout=(self.connect_timeout, read_timeout),
-                                             **kwargs)
+                with bounded.deadline(None if total is None else t0 + total):
+                    resp = self._session.request(method, url, timeout=(self.connect_timeout, read_timeout),
+                                                 stream=True, **kwargs)
+                    return self._finish(resp, method, path, url, limit,
+                                        total if total is not None else self.body_timeout,
+                                        t0 if total is not None else None)
             except requests.RequestException as exc:
+                if total is not None and (bounded.deadline_fired() or time.monotonic() >= t0 + total):
+                    raise GuestTimeout(f"{method} {url}: reply not complete within {total:g} s",
+                                       reason=bounded.TIMEOUT) from exc
                 if _is_connect_failure(exc):
                     last = exc
                     logger.debug("connect to %s failed (attempt %d/%d): %s", url, attempt + 1, attempts, exc)
@@ -207,13 +246,31 @@ class GuestClient:
                 if isinstance(exc, requests.exceptions.Timeout):
                     raise GuestTimeout(f"{method} {url}: no reply within {read_timeout} s") from exc
                 raise GuestError(f"{method} {url}: {exc}", reason="GUEST_CONNECTION_LOST") from exc
-            if not 200 <= resp.status_code < 300:
-                body = resp.text[:2000]
-                raise GuestHTTPError(f"{method} {path} -> HTTP {resp.status_code}: {body[:300]}",
-                                     status_code=resp.status_code, body=body)
-            return resp
         raise GuestUnavailable(f"cannot connect to the guest server at {self.base_url} "
                                f"({attempts} attempts): {last}") from last
+
+    @staticmethod
+    def _finish(resp: requests.Response, method: str, path: str, url: str, limit: int, timeout: float,
+                started: float | None) -> requests.Response:
+        """Read the streamed ``resp``'s body within bounds into ``resp.content`` (or raise)."""
+        what = f"{method} {url}"
+        if not 200 <= resp.status_code < 300:
+            try:
+                body = bounded.read_response(resp, limit=64 << 10, timeout=timeout, what=what,
+                                             started=started).decode("utf-8", "replace")[:2000]
+            except Unavailable as exc:
+                body = f"[{exc.reason}]"
+            raise GuestHTTPError(f"{method} {path} -> HTTP {resp.status_code}: {body[:300]}",
+                                 status_code=resp.status_code, body=body)
+        try:
+            data = bounded.read_response(resp, limit=limit, timeout=timeout, what=what, started=started)
+        except Unavailable as exc:
+            if exc.reason == bounded.TOO_LARGE:
+                raise GuestReplyTooLarge(f"{what}: reply over {limit} bytes", detail=exc.detail) from exc
+            raise GuestTimeout(f"{what}: {exc.message}", reason=exc.reason, detail=exc.detail) from exc
+        resp._content = data  # what .content, .text and .json() read
+        resp._content_consumed = True
+        return resp
 
     @staticmethod
     def _json(resp: requests.Response) -> Any:
@@ -237,7 +294,7 @@ class GuestClient:
         """
         path = "/setup/execute" if setup else "/execute"
         return ExecResult.from_json(self._json(self._post_json(path, {"command": command, "shell": shell},
-                                                               timeout=timeout)))
+                                                               timeout=timeout, limit=self.max_observation)))
 
     def run_python(self, code: str, **kw: Any) -> ExecResult:
         """Run pyautogui code exactly as OSWorld's ``pyautogui`` action space does."""
@@ -283,7 +340,7 @@ class GuestClient:
     # -- observations ----------------------------------------------------------------------------
     def screenshot(self) -> bytes:
         """The screen as PNG (or JPEG) bytes (``GET /screenshot``)."""
-        resp = self._request("GET", "/screenshot", timeout=30.0)
+        resp = self._request("GET", "/screenshot", timeout=30.0, limit=self.max_observation)
         data = resp.content
         if data[:8] == b"\x89PNG\r\n\x1a\n" or data[:3] == b"\xff\xd8\xff":
             return data
@@ -291,14 +348,14 @@ class GuestClient:
 
     def accessibility(self) -> str | None:
         """The accessibility tree as XML (``GET /accessibility``, field ``AT``)."""
-        payload = self._json(self._request("GET", "/accessibility"))
+        payload = self._json(self._request("GET", "/accessibility", limit=self.max_observation))
         if not isinstance(payload, dict):
             raise GuestProtocolError(f"/accessibility reply is not a JSON object: {payload!r:.200}")
         return payload.get("AT")
 
     def terminal(self) -> str | None:
         """The active terminal's text, or ``None`` (``GET /terminal``, field ``output``)."""
-        payload = self._json(self._request("GET", "/terminal"))
+        payload = self._json(self._request("GET", "/terminal", limit=self.max_observation))
         if not isinstance(payload, dict):
             raise GuestProtocolError(f"/terminal reply is not a JSON object: {payload!r:.200}")
         return payload.get("output")
@@ -312,7 +369,10 @@ class GuestClient:
         last: Exception | None = None
         while True:
             try:
-                self._session.get(self.base_url + "/terminal", timeout=(self.connect_timeout, 30.0))
+                with bounded.deadline(time.monotonic() + self.connect_timeout + 30.0):
+                    # any answer counts: its headers are enough, its body is not read
+                    self._session.get(self.base_url + "/terminal", timeout=(self.connect_timeout, 30.0),
+                                      stream=True).close()
                 return
             except requests.RequestException as exc:
                 last = exc
