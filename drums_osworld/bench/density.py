@@ -77,8 +77,9 @@ FIRST_GUESS_MIB = 600  # the cost of a desktop before one is measured (issue 31:
 SYS_KCMP, KCMP_FILE = 312, 0
 FDINFO_LIMIT = 4 * MiB  # a process with thousands of watches has a long fdinfo; more is not read
 # names of kernel counters an error may carry (the engine's HOST_BUDGET names its counter)
-COUNTER_WORDS = re.compile(r"(max_user_instances|max_user_watches|max_inotify_\w+|max_user_namespaces|"
-                           r"max_mnt_namespaces|mqueue\w*|pid_max|pids\.max|inotify|RLIMIT_\w+)")
+COUNTER_WORDS = [re.compile(w) for w in (r"max_user_instances|max_user_watches|max_inotify_\w+|max_user_namespaces"
+                                          r"|max_mnt_namespaces|max_mqueue\w*|pid_max|pids\.max|RLIMIT_\w+",
+                                          r"inotify|mqueue|user namespace")]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -129,9 +130,13 @@ def counter_named(err: dict) -> str | None:
         for k in ("counter", "budget", "limit_name"):
             if detail.get(k):
                 return str(detail[k])
-    m = COUNTER_WORDS.search(json.dumps(detail, default=str) if detail else "") or \
-        COUNTER_WORDS.search(err.get("message") or "") or COUNTER_WORDS.search(json.dumps(err.get("criu_log") or ""))
-    return m.group(1) if m else None
+    texts = (json.dumps(detail, default=str) if detail else "", err.get("message") or "",
+             json.dumps(err.get("criu_log") or ""))
+    for words in COUNTER_WORDS:  # the exact name of a counter first, then a word for one
+        for text in texts:
+            if m := words.search(text):
+                return m.group(0)
+    return None
 
 
 # ----------------------------------------------------------------------------------- one desktop's use
@@ -364,7 +369,7 @@ def _instance(opts) -> Instance:
     name = check_name(getattr(opts, "instance", None) or common.BENCH_NAME, "instance")
     base = getattr(opts, "slot_base", None)
     return Instance(name=name, slot_base=common.BENCH_SLOT_BASE if base is None else int(base),
-                    slot_count=common.SLOT_SPAN)
+                    slot_count=64)  # 64 x 4,096 pids fit the pid budget provisioning sets
 
 
 class _Interrupted(KeyboardInterrupt):
@@ -452,6 +457,9 @@ def run_density(opts) -> dict:
                 first = bad[0]
                 stop = {"reason": f"{first['stage']}_failed", "error": first["error"],
                         "counter": first.get("counter") or counter_named(first["error"]),
+                        "counter_detail": {k2: v for k2, v in (first["error"].get("detail") or {}).items()
+                                           if k2 in ("counter", "use", "limit", "need", "sysctl")}
+                        if isinstance(first["error"].get("detail"), dict) else None,
                         "failed": len(bad), "of_batch": k, "host_counts": host_kernel_counts()}
                 failures += [{"phase": "fill", **{k2: v for k2, v in r.items() if k2 != "session"}} for r in bad]
                 destroy(c, extra)
@@ -584,6 +592,7 @@ def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, host
     if arm == "with hostile":
         hrow = start_hostile(c, snap_id, hostile_opts)
         hrow["round"] = r
+        row["hostile_holding"] = "error" not in hrow
         if hrow.get("hostile"):
             extra.append(hrow["hostile"])
         if "error" not in hrow:
@@ -612,7 +621,7 @@ def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, host
                 if err:
                     row["failures"].append({"op": "screenshot", "session": sid, "error": err})
         if held:
-            ck = checkpoint_and_delete(c, held[r % len(held)])
+            ck = checkpoint_and_delete(c, held[(2 * r + (arm == "with hostile")) % len(held)])
             row["checkpoints"].append(ck)
             if "error" in ck:
                 row["failures"].append({"op": "checkpoint", **ck})
