@@ -56,6 +56,31 @@ elif kind == "userns":
         if done:
             err = "unshare refused"; break
         held.append(pid)
+elif kind == "mqueue":
+    class Attr(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                    ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Attr)]
+    while len(held) < 100000:
+        a = Attr(0, 1, 64, 0)
+        fd = rt.mq_open(f"/hog{os.getpid()}-{len(held)}".encode(), os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a))
+        if fd < 0:
+            err = os.strerror(ctypes.get_errno()); break
+        held.append(fd)
+elif kind == "sigpending":
+    import signal
+    sig = signal.SIGRTMIN + 1
+    signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+    libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    n = 0
+    while n < 1000000:  # a blocked real-time signal queues one more each time
+        if libc.sigqueue(os.getpid(), sig, None) != 0:
+            err = os.strerror(ctypes.get_errno()); break
+        n += 1
+    held = [0] * n
+    for _ in range(120000):  # kill() queues past the limit (the kernel lets SI_USER signals through)
+        os.kill(os.getpid(), sig)
 open(os.path.expanduser("~/hog.out.tmp"), "w").write(f"{len(held)} {err}\n")
 os.rename(os.path.expanduser("~/hog.out.tmp"), os.path.expanduser("~/hog.out"))
 time.sleep(600)
@@ -84,6 +109,33 @@ def _host_root_inotify_works() -> bool:
         return False
     os.close(fd)
     return True
+
+
+# Runs as a victim (host root here, the desktop user of another session): a small message queue and
+# ten queued real-time signals; prints "ok" or what was refused.
+VICTIM_QUEUES = r"""
+import ctypes, os, signal
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Attr)]
+name = f"/victim{os.getpid()}".encode()
+fd = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 1, 64, 0)))
+if fd < 0:
+    print("mq_open refused:", os.strerror(ctypes.get_errno())); raise SystemExit
+rt.mq_unlink(name); os.close(fd)
+sig = signal.SIGRTMIN + 2
+signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+for _ in range(10):
+    if libc.sigqueue(os.getpid(), sig, None) != 0:
+        print("signal refused:", os.strerror(ctypes.get_errno())); raise SystemExit
+for _ in range(10):
+    signal.sigtimedwait([sig], 1)
+print("ok")
+"""
 
 
 def _victim_user_inotify(client, sid: str) -> str:
@@ -173,6 +225,72 @@ def test_pid_hog_stops_at_its_limit_and_restores_go_on(client, victim_snapshot, 
         assert 0 < forked < 256, out
         [victim] = client.restore(victim_snapshot["id"])
         client.destroy(victim["id"])
+    finally:
+        client.destroy(attacker["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+@pytest.mark.parametrize("kind", ["mqueue", "sigpending"])
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_queue_hogs_stop_at_their_share_and_the_host_and_others_go_on(client, victim_snapshot, origin, kind):
+    base = client.create(BARE)
+    attacker, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"attacker-q-{os.getpid()}")
+            [attacker] = client.restore(snap["id"])
+        held, why = _start_hog(client, attacker["id"], kind)
+        print(f"\n{origin} attacker held {held} ({kind}: {why}); session rlimits {kernel_budget.session_rlimits()}")
+        assert held > 0 and why, (held, why)
+        host = subprocess.run([sys.executable, "-c", VICTIM_QUEUES], capture_output=True, text=True, timeout=60)
+        assert host.stdout.strip() == "ok", host
+        [victim] = client.restore(victim_snapshot["id"])
+        try:
+            r = client.exec(victim["id"], ["python3", "-c", VICTIM_QUEUES], user="user")
+            assert r["stdout"].strip() == "ok", r
+        finally:
+            client.destroy(victim["id"])
+    finally:
+        client.destroy(attacker["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_session_root_switching_among_uids_cannot_starve_the_host(client, victim_snapshot, origin):
+    """Session root (the agent has sudo) takes every uid's cap in turn: the total is bounded by the
+    memory its cgroup can pay, and host root and other sessions go on."""
+    base = client.create(BARE)
+    attacker, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"attacker-uids-{os.getpid()}")
+            [attacker] = client.restore(snap["id"])
+        code = ("import os, sys, time\nfor uid in range(2000, 2040):\n    if os.fork() == 0:\n"
+                "        os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)\n"
+                "        os.environ['HOME'] = f'/tmp/h{uid}'; os.makedirs(os.environ['HOME'], exist_ok=True)\n"
+                "        os.execv(sys.executable, [sys.executable, '/tmp/hog.py', 'inotify'])\n")
+        client.exec(attacker["id"], ["sh", "-c", "cat > /tmp/hog.py"], input=HOG)
+        client.exec(attacker["id"], ["sh", "-c", f"setsid python3 -c \"{code}\" </dev/null >/dev/null 2>&1 &"])
+        total = {}
+
+        def all_held() -> bool:
+            r = client.exec(attacker["id"], ["sh", "-c", "cat /tmp/h*/hog.out 2>/dev/null"])
+            lines = r["stdout"].split()
+            total["n"] = sum(int(x) for x in lines if x.isdigit())
+            return r["stdout"].count("\n") >= 40
+
+        wait_until(all_held, 120, "40 uids to take their inotify caps")
+        print(f"\n{origin} session root held {total['n']} inotify instances over 40 uids "
+              f"(host limit {kernel_budget.read_sysctl('fs/inotify/max_user_instances')})")
+        assert total["n"] > 128  # more than the host's old default for all of host root
+        assert _host_root_inotify_works()
+        [victim] = client.restore(victim_snapshot["id"])
+        try:
+            assert _victim_user_inotify(client, victim["id"]) == "ok"
+        finally:
+            client.destroy(victim["id"])
     finally:
         client.destroy(attacker["id"])
         if snap is not None:

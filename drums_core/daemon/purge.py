@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import Instance
+from ..host import kernel_budget
 from ..errors import DrumsError, FailedPrecondition
 from ..session.rootfs import mounts_under
 from ..sweep.instance import real_dir, remove_files, unmount_state
@@ -136,6 +137,7 @@ class PurgeReport:
     sweep: dict | None = None
     unmounted: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    host_limits: list[dict] = field(default_factory=list)  # put back: the host's last instance went
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -197,6 +199,19 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
             shutil.rmtree(instance.state_dir)  # empty once unmounted; rmtree never follows a link in it
             report.removed.append(str(instance.state_dir))
         report.removed += remove_files(_state_files(instance))
+        if not _other_instances(instance):
+            report.host_limits = kernel_budget.restore()
     finally:
         os.close(lock)
     return report
+
+
+def _other_instances(instance: Instance) -> list[str]:
+    """Instances other than ``instance`` with a state directory on this host."""
+    try:
+        entries = os.scandir(instance.state_root)
+    except FileNotFoundError:
+        return []
+    with entries:
+        return [e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+                and e.name != instance.name]

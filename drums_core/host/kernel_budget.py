@@ -28,6 +28,7 @@ from ..errors import Unavailable
 HOST_SLOTS = int(os.environ.get("DRUMS_HOST_SLOTS", "64"))
 # Per-session pids (the default of a session's limits; keep in step with session/model.py).
 SESSION_PIDS = 4096
+SESSION_MEMORY_MAX = 4 << 30  # a session's default memory limit (cgroup_drivers.Limits)
 # Uids of a session that hold its counts in honest use: session root (CRIU restores every fd of a
 # restored tree as root, so a restored desktop's instances are charged to it) and the desktop user.
 SHARE_UIDS = 2
@@ -52,18 +53,42 @@ SESSION_CAPS: dict[str, int] = {
     "max_time_namespaces": 64,
 }
 
-# counter name -> (host sysctl, the session cap it is the sum of, host root's own reserve)
+# counter name -> (host sysctl, the session cap it sums, host root's own reserve, the least kernel
+# memory one object costs). All sessions' user namespaces are made by host root, so the host's count
+# for root is the sum of every session's. Per uid a session stops at its cap; in all (session root
+# may switch among many uids) it stops where its memory cgroup can pay no more: the kernel charges
+# these objects to the memory cgroup of the process that makes them. Measured on this kind of host
+# (cgroup v1, kernel 6.18): 983 bytes per inotify instance, 66 per watch, 2,621 per fanotify group,
+# about 3,000 per user namespace; the costs below are lower bounds of those.
 _COUNTERS = {
-    "inotify_instances": ("fs/inotify/max_user_instances", "max_inotify_instances", 512),
-    "inotify_watches": ("fs/inotify/max_user_watches", "max_inotify_watches", 65536),
-    "fanotify_groups": ("fs/fanotify/max_user_groups", "max_fanotify_groups", 128),
-    "fanotify_marks": ("fs/fanotify/max_user_marks", "max_fanotify_marks", 65536),
-    "user_namespaces": ("user/max_user_namespaces", "max_user_namespaces", 1024),
-    "mnt_namespaces": ("user/max_mnt_namespaces", "max_mnt_namespaces", 1024),
-    "net_namespaces": ("user/max_net_namespaces", "max_net_namespaces", 1024),
+    "inotify_instances": ("fs/inotify/max_user_instances", "max_inotify_instances", 512, 512),
+    "inotify_watches": ("fs/inotify/max_user_watches", "max_inotify_watches", 65536, 32),
+    "fanotify_groups": ("fs/fanotify/max_user_groups", "max_fanotify_groups", 128, 1024),
+    "fanotify_marks": ("fs/fanotify/max_user_marks", "max_fanotify_marks", 65536, 32),
+    # user.max_*_namespaces can be written only with CAP_SYS_RESOURCE, which this kind of host's
+    # bounding set lacks: these are sized by the caps alone (None), and fit the host's default.
+    "user_namespaces": ("user/max_user_namespaces", "max_user_namespaces", 1024, None),
+    "mnt_namespaces": ("user/max_mnt_namespaces", "max_mnt_namespaces", 1024, None),
+    "net_namespaces": ("user/max_net_namespaces", "max_net_namespaces", 1024, None),
 }
+INT_MAX = 2**31 - 1
 PID_RESERVE = 32768
-HOST_RESERVE = {name: reserve for name, (_, _, reserve) in _COUNTERS.items()}
+
+
+def session_rlimits() -> dict[int, int]:
+    """``{resource: limit}`` for a session's processes: the per-user counts the kernel bounds by a
+    resource limit (POSIX message queue bytes, queued signals) are charged up the chain to host
+    root too, against host root's own limit, which this kind of host cannot raise (no
+    CAP_SYS_RESOURCE). Each session uid gets an equal share of it, host root keeps one share."""
+    import resource
+
+    out = {}
+    for res in (resource.RLIMIT_MSGQUEUE, resource.RLIMIT_SIGPENDING):
+        _, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY:
+            out[res] = hard // (HOST_SLOTS * SHARE_UIDS + 1)
+    return out
+HOST_RESERVE = {name: reserve for name, (_, _, reserve, _) in _COUNTERS.items()}
 
 
 @dataclass
@@ -90,10 +115,17 @@ def read_sysctl(name: str) -> int:
     return int(_sysctl_path(name).read_text().split()[0])
 
 
-def needs(slots: int = HOST_SLOTS, pids: int = SESSION_PIDS) -> dict[str, tuple[str, int]]:
-    """``{counter: (host sysctl, value needed)}`` for ``slots`` sessions of ``pids`` pids each."""
-    out = {name: (sysctl, slots * SHARE_UIDS * SESSION_CAPS[cap] + reserve)
-           for name, (sysctl, cap, reserve) in _COUNTERS.items()}
+def needs(slots: int = HOST_SLOTS, pids: int = SESSION_PIDS,
+          memory_max: int = SESSION_MEMORY_MAX) -> dict[str, tuple[str, int]]:
+    """``{counter: (host sysctl, value needed)}`` for ``slots`` sessions of ``pids`` pids and
+    ``memory_max`` bytes each: every session at the most it can hold (its caps for each of its
+    ``SHARE_UIDS`` uids, or what its memory limit pays for, the larger) plus host root's reserve."""
+    out = {}
+    for name, (sysctl, cap, reserve, cost) in _COUNTERS.items():
+        share = SHARE_UIDS * SESSION_CAPS[cap]
+        if cost is not None:
+            share = max(share, memory_max // cost)
+        out[name] = (sysctl, min(INT_MAX, slots * share + reserve))
     out["pid_max"] = ("kernel/pid_max", slots * pids + PID_RESERVE)
     out["threads_max"] = ("kernel/threads-max", slots * pids + PID_RESERVE)
     return out

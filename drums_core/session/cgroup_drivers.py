@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
-from ..host.kernel_budget import SESSION_PIDS
+from ..host.kernel_budget import SESSION_MEMORY_MAX, SESSION_PIDS
 from ..host import ownedpaths
 from .cgroup_fs import REQUIRED, V1_ROLES, Hierarchy, group_name, hierarchies, parse_keyed, read_value, write_value
 from .cgroup_session import SessionCgroup
@@ -41,7 +41,7 @@ class Limits:
     Nonsense raises :class:`InvalidArgument` with reason ``BAD_LIMITS``.
     """
 
-    memory_max: int = 4 * GiB
+    memory_max: int = SESSION_MEMORY_MAX  # the host budget (host/kernel_budget.py) counts every slot at this
     memory_high: int | None = None
     pids_max: int = SESSION_PIDS  # the host budget (host/kernel_budget.py) counts every slot at this
     cpu_weight: int = 100

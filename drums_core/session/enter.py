@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 
 from . import cgroups, containment
-from ..host import linux
+from ..host import kernel_budget, linux
 
 _NS_ORDER = (("pid", linux.CLONE_NEWPID), ("net", linux.CLONE_NEWNET), ("uts", linux.CLONE_NEWUTS),
              ("ipc", linux.CLONE_NEWIPC), ("mnt", linux.CLONE_NEWNS),
@@ -39,6 +40,8 @@ def enter(spec: dict) -> int:
     os.fchdir(root_fd)
     os.chroot(".")
     os.close(root_fd)
+    for res, share in kernel_budget.session_rlimits().items():  # as the session's init has them (launch.py)
+        resource.setrlimit(res, (share, share))
     containment.drop_bounding_set()
     uid = int(spec.get("uid", 0))
     os.setgroups([uid] if uid else [])

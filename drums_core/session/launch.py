@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import stat
 import sys
 
 from . import containment, kernel_caps
-from ..host import linux
+from ..host import kernel_budget, linux
 
 _NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 
@@ -79,6 +80,7 @@ def _write_maps(proc_dir: int, base: int, count: int) -> None:
 def _init(spec: dict, to_child: int, from_child: int, ready_w: int) -> None:
     """The pid-ns init: contained root as host root, then into the session's user namespace, then exec."""
     seccomp_filter = containment.seccomp_filter()  # built (and libseccomp imported) before the pivot
+    rlimits = kernel_budget.session_rlimits()
     containment.prepare_root(spec)
     linux.unshare(linux.CLONE_NEWUSER)
     os.write(to_child, b"u")
@@ -101,6 +103,8 @@ def _init(spec: dict, to_child: int, from_child: int, ready_w: int) -> None:
     env = {"PATH": spec["path"], "LANG": "C.UTF-8"}
     if spec.get("pythonpath"):
         env["PYTHONPATH"] = spec["pythonpath"]
+    for res, share in rlimits.items():  # the session's share of host root's queued signals and mqueue bytes
+        resource.setrlimit(res, (share, share))
     containment.drop_bounding_set()
     containment.install_seccomp(seccomp_filter)
     os.execve(spec["python"], argv, env)
