@@ -311,3 +311,27 @@ def test_the_host_limits_fit_every_slot_and_the_daemon_refuses_what_cannot_fit(t
                         "--slot-count", str(too_many)], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 4 and "PID_BUDGET" in r.stderr, (r.returncode, r.stderr)
     assert not (tmp_path / name).exists(), "a refused daemon made its state directory"
+
+
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_what_a_session_can_mount_is_what_the_readme_says(client, origin):
+    """README (Containment): in a user namespace of its own a session may mount a tmpfs (it lives in
+    that namespace's own mount namespace, charged to the session's memory), never proc or sysfs."""
+    base = client.create(BARE)
+    s, snap = base, None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(base["id"], name=f"mounts-{os.getpid()}")
+            [s] = client.restore(snap["id"])
+        script = ("mkdir -p /tmp/m; "
+                  "mount -t tmpfs none /tmp/m && echo tmpfs:yes || echo tmpfs:no; "
+                  "mount -t proc proc /tmp/m 2>/dev/null && echo proc:yes || echo proc:no; "
+                  "mount -t sysfs sysfs /tmp/m 2>/dev/null && echo sysfs:yes || echo sysfs:no")
+        nested = client.exec(s["id"], ["unshare", "-Urm", "sh", "-c", script], user="user")["stdout"].split()
+        assert nested == ["tmpfs:yes", "proc:no", "sysfs:no"], nested
+        direct = client.exec(s["id"], ["sh", "-c", script])["stdout"].split()  # session root, no new namespace
+        assert direct == ["tmpfs:no", "proc:no", "sysfs:no"], direct
+    finally:
+        client.destroy(s["id"])
+        if snap is not None:
+            client.delete_snapshot(snap["id"])
