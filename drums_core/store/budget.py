@@ -60,6 +60,7 @@ DEFAULT_SNAPSHOT_MAX_SHARE = 0.25   # of the budget, ...
 MIN_SNAPSHOT_MAX = 1 << 30          # ... but at least this: the heaviest desktop measured dumps ~0.5 GiB
 DEFAULT_SPILL_ROOT = Path("/var/lib/drums/spill")
 JOURNAL_KEEP = 1000         # journal lines kept across restarts
+SPILL_RETRY = 600.0         # seconds before a snapshot whose spill failed is tried again
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
@@ -167,6 +168,9 @@ class StoreKeeper:
         self._reserved: dict[str, int] = {}
         self._actions: dict[str, list[dict]] = {}
         self._gone: dict[str, dict] = {}  # id -> journal entry, for a clear NotFound
+        # id -> (when, why) its spill failed (a file the spill filesystem cannot hold: ext4 refuses a
+        # 20 TiB sparse file, EFBIG): not tried again for SPILL_RETRY s, so plans move on to what can move
+        self._unspillable: dict[str, tuple[float, str]] = {}
         self.counts = {"evicted": 0, "spilled": 0, "store_full": 0, "too_large": 0}
         self._load_journal()
         log.info("snapshot store budget %.0f MiB (%s), spill directory %s, memory floor %.0f MiB, one checkpoint "
@@ -260,6 +264,7 @@ class StoreKeeper:
                 plan.append(("evict", victim))
             else:
                 spillable = [it for it in items.values() if it.snap.id not in gone and it.snap.id not in protect
+                             and not self._spill_failed(it.snap.id)
                              and it.snap.retention != "cache" and not it.spilled and it.snap.state == "committed"
                              and self._blocked(it, layers, ids) is None
                              and disk_free - it.size >= cfg.disk_reserve]
@@ -280,6 +285,8 @@ class StoreKeeper:
                 why = self._blocked(it, layers, ids)
                 if why is None and it.children:
                     why = f"{len(it.children)} snapshot(s) stack on it"
+                if why is None and self._spill_failed(it.snap.id):
+                    why = f"pinned, and its spill failed: {self._spill_failed(it.snap.id)}"
                 if why is None and it.snap.retention != "cache":
                     why = ("pinned, and spilling is off" if cfg.spill_root is None else
                            "pinned, and the spill disk has no room" if it.snap.state == "committed"
@@ -388,9 +395,18 @@ class StoreKeeper:
         try:
             return self.store.spill(snap.id, swap_if_unused)
         except OSError as exc:
-            log.error("spilling snapshot %s to %s failed (it stays in memory): %s", snap.id,
+            log.error("spilling snapshot %s to %s failed (it stays in memory, and is not tried again): %s", snap.id,
                       self.config.spill_root, exc)
+            with self._lock:
+                self._unspillable[snap.id] = (time.monotonic(), str(exc)[-300:])
             return False
+
+    def _spill_failed(self, sid: str) -> str | None:
+        """Why spilling ``sid`` failed less than SPILL_RETRY s ago (None: it may be tried)."""
+        failed = self._unspillable.get(sid)
+        if failed is None or time.monotonic() - failed[0] > SPILL_RETRY:
+            return None
+        return failed[1]
 
     # ------------------------------------------------------------------ by hand
     def spill_now(self, sid: str) -> dict:
