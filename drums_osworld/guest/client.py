@@ -55,8 +55,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 5000
-MAX_REPLY = 512 << 20        # a file the evaluator fetches
-MAX_OBSERVATION = 64 << 20   # a screenshot, an a11y tree, a command's output (1920x1080 PNG: < 7 MiB)
+MAX_REPLY = 256 << 20        # a file the evaluator fetches
+MAX_OBSERVATION = 32 << 20   # a screenshot, an a11y tree, a command's output (1920x1080 PNG: < 7 MiB)
 BODY_TIMEOUT = 300.0         # a reply's body, when its request waits for the answer without limit
 
 _DEFAULT: Any = object()  # "use the client's timeout"
