@@ -181,6 +181,7 @@ class Snapshot(Record):
     image_hash: str | None = None
     id_base: int | None = None
     retention: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)  # what ``size`` counts (drums_core.store.usage)
     # from Client.checkpoint
     store: dict[str, Any] | None = None
     # from Client.snapshots
