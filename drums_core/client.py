@@ -263,6 +263,8 @@ class Client:
             Busy: ``SESSION_BUSY`` (another operation holds the session).
             FailedPrecondition: ``SNAPSHOT_ID_CONFLICT`` (the id is taken with other parameters).
             Unavailable: ``STORE_FULL`` (no room even after evicting and spilling); nothing happened.
+                ``SNAPSHOT_TOO_LARGE`` (it may add more than one checkpoint may, ``DRUMS_SNAPSHOT_MAX``;
+                refused before anything was written, evicted or spilled).
                 ``CRIU_FAILED`` (CRIU refused the dump; its error lines in ``detail``) and
                 ``SOCKET_IN_FLIGHT`` (the images held a socket passed in a message not yet read,
                 which CRIU cannot reliably restore): a state usually transient (a message in a
