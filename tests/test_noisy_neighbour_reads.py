@@ -16,6 +16,7 @@ go through :mod:`drums_core.host.bounded`; ownership by tag needs what the sessi
   every 4 s. A restore of a snapshot of such a session fails with ``Unavailable``
   ``SESSION_REPLY_TOO_LARGE`` / ``SESSION_REPLY_TIMEOUT`` within the reseed's bound, the daemon's
   RSS grows by less than 50 MiB meanwhile, and another restore running at the same time succeeds;
+* `drums exec` of a command that prints without end fails with SESSION_REPLY_TOO_LARGE, the daemon flat;
 * the same replies through the guest client (what the adapters use) fail with the client's named
   errors within their bounds, and this process's RSS stays flat.
 
@@ -450,3 +451,23 @@ def test_the_guest_client_bounds_hostile_replies(drums, world, origin):
         _set_mode(drums, session["id"], "ok")
     with GuestClient(session["address"], 5000, timeout=10.0) as g:
         assert g.accessibility() == "<a/>"
+
+
+@pytest.mark.parametrize("origin", ORIGINS)
+def test_exec_output_is_bounded(drums, world, origin):
+    """What a session prints to ``drums exec`` is read within its cap: ``yes`` fails with
+    SESSION_REPLY_TOO_LARGE, the daemon's RSS stays flat, and the session goes on."""
+    session = world.sessions[origin]
+    with PeakRss(drums.ping()["pid"]) as rss:
+        with pytest.raises(Unavailable) as exc:
+            drums.exec(session["id"], ["yes", "drums-noisy-neighbour"], user="user", timeout=60)
+    print(f"\n[{origin}] exec of yes: {exc.value.reason}, daemon RSS +{rss.grew_kib / 1024:.1f} MiB")
+    assert exc.value.reason == bounded.TOO_LARGE, exc.value
+    assert rss.grew_kib < GROWTH_MIB << 10, f"daemon RSS grew by {rss.grew_kib >> 10} MiB on exec output"
+
+    def yes_gone() -> bool:  # a zombie waiting for the session's init to reap it is gone
+        ps = drums.exec(session["id"], ["ps", "-u", "user", "-o", "stat=,comm="], user="user")["stdout"]
+        return not [line for line in ps.splitlines() if line.split()[1:] == ["yes"] and not line.startswith("Z")]
+
+    wait_until(yes_gone, 10, "the killed exec's command to end")
+    assert drums.exec(session["id"], ["echo", "ok"], user="user")["stdout"] == "ok\n"

@@ -20,6 +20,7 @@ The parts:
 
 - :func:`read_fd`, :func:`read_path`, :func:`read_proc`: files, procfs, pipes (``poll`` bounded by
   the deadline);
+- :func:`run`: a command's output (``drums exec``: what the session's programs print);
 - :class:`HeadTail`: a sink that keeps the head and the tail of a stream it must drain whole (a
   CRIU log: CRIU must never block on its log, so the middle is dropped, counted, and said);
 - :func:`http_request`: one HTTP exchange over :mod:`http.client`, with a :class:`Watchdog` that
@@ -157,6 +158,81 @@ class HeadTail:
             return bytes(self._head + self._tail)
         note = f"\n[... {self.dropped} bytes of a {self.total}-byte stream dropped ...]\n".encode()
         return bytes(self._head) + note + bytes(self._tail)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+def run(cmd: list[str], *, limit: int, timeout: float, what: str, input: bytes = b"",
+        env: dict[str, str] | None = None, cwd: str | None = None) -> RunResult:
+    """``cmd`` with its stdout and stderr read within bounds: together at most ``limit`` bytes, and
+    both closed and the process ended within ``timeout`` s (a process the command leaves behind
+    holding a pipe counts). Over a bound the command is killed and :data:`TOO_LARGE` /
+    :data:`TIMEOUT` raised. ``input`` is written to its stdin from a thread, then stdin is closed."""
+    import subprocess
+
+    deadline = time.monotonic() + timeout
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=cwd)
+
+    def feed() -> None:
+        try:
+            if input:
+                proc.stdin.write(input)
+        except OSError:
+            pass
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    outs = {out_fd: bytearray(), err_fd: bytearray()}
+    poller = select.poll()
+    for fd in outs:
+        os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    open_fds = set(outs)
+    total = 0
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise timed_out(what, timeout, total)
+            for fd, _ in poller.poll(max(1, int(left * 1000) + 1)):
+                try:
+                    chunk = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                outs[fd] += chunk
+                total += len(chunk)
+                if total > limit:
+                    raise too_large(what, limit)
+        left = deadline - time.monotonic()
+        try:
+            code = proc.wait(timeout=max(0.0, left))
+        except subprocess.TimeoutExpired:
+            raise timed_out(what, timeout, total) from None
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        writer.join(timeout=1)
+        for f in (proc.stdout, proc.stderr):
+            f.close()
+    return RunResult(code, bytes(outs[out_fd]), bytes(outs[err_fd]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,5 +460,5 @@ def _socket_of(resp: Any) -> socket.socket | None:
 
 
 __all__ = ["CMDLINE_LIMIT", "HeadTail", "HttpReply", "MOUNTINFO_LIMIT", "PROC_TEXT_LIMIT", "PROC_TIMEOUT",
-           "Read", "TIMEOUT", "TOO_LARGE", "Watchdog", "deadline", "deadline_fired", "deadline_session",
-           "http_request", "read_fd", "read_path", "read_proc", "read_response", "timed_out", "too_large"]
+           "Read", "RunResult", "TIMEOUT", "TOO_LARGE", "Watchdog", "deadline", "deadline_fired", "deadline_session",
+           "http_request", "read_fd", "read_path", "read_proc", "read_response", "run", "timed_out", "too_large"]

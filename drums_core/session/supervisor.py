@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 from . import cgroups, display, faults, launch, netns, netpolicy, rootfs
-from ..host import images, linux
+from ..host import bounded, images, linux
 from ..config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -37,6 +37,14 @@ from ..host.procs import is_alive
 from .processes import ProcessInfo, kill_tree_under, session_processes
 from ..store.snapshots import Snapshot, SnapshotStore
 from ..store.budget import BudgetConfig, StoreKeeper
+
+
+EXEC_OUTPUT_LIMIT = 16 << 20  # stdout and stderr of one exec together
+
+
+def _text(data: bytes) -> str:
+    """Output bytes as text, as ``subprocess.run(text=True)`` gave it (universal newlines), never failing."""
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
 log = logging.getLogger("drums.supervisor")
 
@@ -466,12 +474,16 @@ class Supervisor(CheckpointOps, RestoreOps):
                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         try:
             # stdin is always a pipe (empty without input), never the daemon's own: a process the command
-            # leaves running would otherwise hold a host file, and the session could not be checkpointed
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input or "",
-                                 env=host_env, cwd="/")
-        except subprocess.TimeoutExpired as exc:
-            raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
-        return {"returncode": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+            # leaves running would otherwise hold a host file, and the session could not be checkpointed.
+            # What the session prints is read within bounds (EXEC_OUTPUT_LIMIT bytes, else
+            # SESSION_REPLY_TOO_LARGE and the command is killed).
+            out = bounded.run(cmd, limit=EXEC_OUTPUT_LIMIT, timeout=timeout, input=(input or "").encode(),
+                              env=host_env, cwd="/", what=f"output of exec in {sid}")
+        except Unavailable as exc:
+            if exc.reason == bounded.TIMEOUT:
+                raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
+            raise
+        return {"returncode": out.returncode, "stdout": _text(out.stdout), "stderr": _text(out.stderr)}
 
     def screenshot(self, sid: str) -> bytes:
         s = self._usable(sid)

@@ -306,3 +306,27 @@ def test_read_response_fails_over_its_cap():
         with pytest.raises(Unavailable) as exc:
             bounded.read_response(resp, limit=1 * MiB, timeout=30, what="huge")
     assert exc.value.reason == bounded.TOO_LARGE
+
+
+# ------------------------------------------------------------------------------------------ commands
+def test_run_returns_a_commands_output_and_feeds_its_input():
+    r = bounded.run(["sh", "-c", "cat; echo err >&2; exit 3"], limit=1024, timeout=10, what="cat", input=b"hello")
+    assert (r.returncode, r.stdout, r.stderr) == (3, b"hello", b"err\n")
+
+
+def test_run_kills_a_command_that_prints_too_much():
+    start = time.monotonic()
+    with pytest.raises(Unavailable) as exc:
+        bounded.run(["yes"], limit=1 * MiB, timeout=30, what="yes")
+    assert exc.value.reason == bounded.TOO_LARGE
+    assert time.monotonic() - start < 10
+
+
+def test_run_has_a_total_deadline_also_for_a_left_behind_pipe_holder():
+    start = time.monotonic()
+    with pytest.raises(Unavailable) as exc:
+        # the shell ends at once; its background child keeps stdout open and drips into it
+        bounded.run(["sh", "-c", "(while :; do echo x; sleep 0.2; done) & exit 0"], limit=1 * MiB, timeout=1.5,
+                    what="drip")
+    assert exc.value.reason == bounded.TIMEOUT
+    assert time.monotonic() - start < 6
