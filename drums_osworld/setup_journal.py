@@ -23,15 +23,18 @@ fields are coerced to plain types, and nothing in it is ever used as a path or a
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
 
-from drums_core.errors import DrumsError
+from drums_core.errors import DrumsError, Unavailable
+from drums_core.host import bounded
 
 log = logging.getLogger("drums.osworld.setup")
 
@@ -134,22 +137,46 @@ class SetupFailed(DrumsError):
         self.report = report
 
 
+REPLY_LIMIT = 64 << 10   # the guest's answer to a mark, step or note
+LOG_LIMIT = 4 << 20      # the setup log
+
+
+class BoundsExceeded(ValueError):
+    """A guest reply over its byte cap or its deadline (``reason``: SESSION_REPLY_TOO_LARGE/TIMEOUT)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class Journal:
     """The setup log of the guest at ``base_url`` (``http://<address>:5000``)."""
 
     def __init__(self, base_url: str, timeout: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._http = requests.Session()
+        self._http = bounded.deadline_session()  # each request's socket is shut at its deadline
         self._http.trust_env = False  # the guest is on a link of ours: never through a proxy
 
     def close(self) -> None:
         self._http.close()
 
+    def _call(self, method: str, path: str, limit: int = REPLY_LIMIT, **kw: Any) -> Any:
+        """The guest's JSON answer, read within bounds (``limit`` bytes; connect, headers and body
+        within ``timeout`` s together). A reply over a bound is a :class:`BoundsExceeded` (a ValueError)."""
+        start = time.monotonic()
+        total = 2 * self.timeout
+        try:
+            with bounded.deadline(start + total):
+                r = self._http.request(method, self.base_url + path, timeout=self.timeout, stream=True, **kw)
+                r.raise_for_status()
+                data = bounded.read_response(r, limit=limit, timeout=total, what=f"{method} {path}", started=start)
+        except Unavailable as exc:
+            raise BoundsExceeded(exc.message, exc.reason) from exc
+        return json.loads(data)
+
     def _post(self, path: str, body: dict) -> Any:
-        r = self._http.post(self.base_url + path, json=body, timeout=self.timeout)
-        r.raise_for_status()
-        return r.json()
+        return self._call("POST", path, json=body)
 
     def begin(self, label: str) -> int | None:
         """Start a section (a task's setup, a postconfig); None when the guest cannot keep one."""
@@ -181,11 +208,11 @@ class Journal:
         elif label is not None:
             params["label"] = label
         try:
-            r = self._http.get(self.base_url + "/drums/setup_log", timeout=self.timeout, params=params)
-            r.raise_for_status()
-            if len(r.content) > 4 * 1024 * 1024:
+            return SetupReport.from_log(self._call("GET", "/drums/setup_log", limit=LOG_LIMIT, params=params))
+        except BoundsExceeded as exc:
+            if exc.reason == bounded.TOO_LARGE:
                 return SetupReport(read_error="the guest's setup log is larger than 4 MiB")
-            return SetupReport.from_log(r.json())
+            return SetupReport(read_error=_text(f"{exc.reason}: {exc}", 300))
         except (requests.RequestException, ValueError) as exc:
             return SetupReport(read_error=_text(f"{type(exc).__name__}: {exc}", 300))
 

@@ -330,3 +330,20 @@ def test_run_has_a_total_deadline_also_for_a_left_behind_pipe_holder():
                     what="drip")
     assert exc.value.reason == bounded.TIMEOUT
     assert time.monotonic() - start < 6
+
+
+# ------------------------------------------------------------------------------------------ adapters
+@pytest.mark.parametrize("mode,said", [("huge", "larger than 4 MiB"), ("drip", bounded.TIMEOUT)])
+def test_the_setup_journal_reads_the_guests_log_within_bounds(mode, said):
+    from drums_osworld.setup_journal import Journal
+
+    with _server(mode) as port:
+        j = Journal(f"http://127.0.0.1:{port}", timeout=1.0)
+        try:
+            start = time.monotonic()
+            report = j.read(label="setup")
+            took = time.monotonic() - start
+        finally:
+            j.close()
+    assert said in (report.read_error or ""), report
+    assert took < 8, took
