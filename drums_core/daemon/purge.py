@@ -26,7 +26,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..config import Instance
+from ..config import STATE_ROOT, Instance
 from ..host import kernel_budget
 from ..errors import DrumsError, FailedPrecondition
 from ..session.rootfs import mounts_under
@@ -199,19 +199,23 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
             shutil.rmtree(instance.state_dir)  # empty once unmounted; rmtree never follows a link in it
             report.removed.append(str(instance.state_dir))
         report.removed += remove_files(_state_files(instance))
-        if not _other_instances(instance):
+        if _last_instance_on_host(instance):
             report.host_limits = kernel_budget.restore()
     finally:
         os.close(lock)
     return report
 
 
-def _other_instances(instance: Instance) -> list[str]:
-    """Instances other than ``instance`` with a state directory on this host."""
+def _last_instance_on_host(instance: Instance) -> bool:
+    """Whether ``instance`` was the host's last: it lives in the host's state root (an instance with
+    a state root of its own, a test's, says nothing of the host), no other instance has a state
+    directory there, and this is host root (only it changed the host's limits)."""
+    if os.geteuid() != 0 or os.path.realpath(instance.state_root) != os.path.realpath(STATE_ROOT):
+        return False
     try:
         entries = os.scandir(instance.state_root)
     except FileNotFoundError:
-        return []
+        return True
     with entries:
-        return [e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
-                and e.name != instance.name]
+        return not [e.name for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+                    and e.name != instance.name]

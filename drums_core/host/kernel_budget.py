@@ -223,11 +223,18 @@ def apply(slots: int = HOST_SLOTS, pids: int = SESSION_PIDS) -> list[dict]:
 def restore() -> list[dict]:
     """Put back every host limit Drums raised (as :data:`RECORD` has it) and forget the record."""
     record = _load_record()
-    restored = []
+    restored, left = [], {}
     for sysctl, prior in sorted(record.items()):
-        _sysctl_path(sysctl).write_text(f"{prior}\n")
+        try:
+            _sysctl_path(sysctl).write_text(f"{prior}\n")
+        except OSError as exc:  # kept in the record: the next restore tries again
+            left[sysctl] = prior
+            restored.append({"sysctl": sysctl, "to": prior, "error": str(exc)})
+            continue
         restored.append({"sysctl": sysctl, "to": prior})
-    if record:
+    if left:
+        _write_record(left)
+    elif record:
         RECORD.unlink(missing_ok=True)
     return restored
 
