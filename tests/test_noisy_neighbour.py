@@ -11,6 +11,7 @@ keep working while the attacker holds all it can get.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -144,6 +145,35 @@ def _victim_user_inotify(client, sid: str) -> str:
     return client.exec(sid, ["python3", "-c", code], user="user")["stdout"].strip()
 
 
+@contextlib.contextmanager
+def _session(client, origin: str, spec: dict | None = None):
+    """A session made as ``origin`` says: ``fresh`` (created) or ``restored`` (a sibling restored from
+    a checkpoint of a fresh one); destroyed, with its snapshot, however the test ends."""
+    s = client.create(spec or BARE)
+    snap = None
+    try:
+        if origin == "restored":
+            snap = client.checkpoint(s["id"], name=f"attacker-{os.getpid()}")  # the fresh one ends with its dump
+            [s] = client.restore(snap["id"])
+        yield s
+    finally:
+        try:
+            client.destroy(s["id"])
+        finally:
+            if snap is not None:
+                client.delete_snapshot(snap["id"])
+
+
+@contextlib.contextmanager
+def _victim(client, snapshot: dict):
+    """Another session, restored from ``snapshot`` while the attacker holds what it took."""
+    [v] = client.restore(snapshot["id"])
+    try:
+        yield v
+    finally:
+        client.destroy(v["id"])
+
+
 @pytest.fixture
 def victim_snapshot(client):
     v = client.create(BARE)
@@ -154,13 +184,7 @@ def victim_snapshot(client):
 
 @pytest.mark.parametrize("origin", ["fresh", "restored"])
 def test_inotify_hog_stops_at_its_share_and_the_host_and_others_go_on(client, victim_snapshot, origin):
-    base = client.create(BARE)
-    attacker, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"attacker-{os.getpid()}")
-            base = None  # ended with its dump
-            [attacker] = client.restore(snap["id"])
+    with _session(client, origin) as attacker:
         caps = kernel_caps.read(attacker["init_pid"])
         assert caps["max_inotify_instances"] == kernel_budget.SESSION_CAPS["max_inotify_instances"], caps
         held, why = _start_hog(client, attacker["id"], "inotify")
@@ -170,51 +194,28 @@ def test_inotify_hog_stops_at_its_share_and_the_host_and_others_go_on(client, vi
         assert 0 < held <= cap and why == "Too many open files", (held, why)
         # the victims: host root, a restore (CRIU's own inotify), the restored desktop user
         assert _host_root_inotify_works()
-        [victim] = client.restore(victim_snapshot["id"])
-        try:
+        with _victim(client, victim_snapshot) as victim:
             assert _victim_user_inotify(client, victim["id"]) == "ok"
-        finally:
-            client.destroy(victim["id"])
         # the cap cannot be raised from inside, not even by session root
         r = client.exec(attacker["id"], ["sh", "-c", "echo 100000 > /proc/sys/user/max_inotify_instances"])
         assert r["returncode"] != 0, r
         assert kernel_caps.read(attacker["init_pid"])["max_inotify_instances"] == cap
-    finally:
-        client.destroy(attacker["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
 
 
 @pytest.mark.parametrize("origin", ["fresh", "restored"])
 def test_user_namespace_hog_stops_at_its_share_and_restores_go_on(client, victim_snapshot, origin):
-    base = client.create(BARE)
-    attacker, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"attacker-ns-{os.getpid()}")
-            base = None  # ended with its dump
-            [attacker] = client.restore(snap["id"])
+    with _session(client, origin) as attacker:
         held, why = _start_hog(client, attacker["id"], "userns")
         cap = kernel_budget.SESSION_CAPS["max_user_namespaces"]
         print(f"\n{origin} attacker held {held} user namespaces ({why}); cap {cap} per uid")
         assert 0 < held <= cap and why == "unshare refused", (held, why)
-        [victim] = client.restore(victim_snapshot["id"])
-        client.destroy(victim["id"])
-    finally:
-        client.destroy(attacker["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
+        with _victim(client, victim_snapshot):
+            pass  # restored (CRIU made its namespaces and inotify) while the attacker holds its all
 
 
 @pytest.mark.parametrize("origin", ["fresh", "restored"])
 def test_pid_hog_stops_at_its_limit_and_restores_go_on(client, victim_snapshot, origin):
-    base = client.create({"limits": {"pids_max": 256}})
-    attacker, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"attacker-pids-{os.getpid()}")
-            base = None  # ended with its dump
-            [attacker] = client.restore(snap["id"])
+    with _session(client, origin, {"limits": {"pids_max": 256}}) as attacker:
         code = ("import os, time\nn = 0\nwhile n < 100000:\n    try:\n        pid = os.fork()\n    except OSError:\n"
                 "        break\n    if pid == 0:\n        os.closerange(0, 3)\n        time.sleep(120)\n"
                 "        os._exit(0)\n    n += 1\nprint(n)\n")
@@ -223,50 +224,29 @@ def test_pid_hog_stops_at_its_limit_and_restores_go_on(client, victim_snapshot, 
         forked = int(out["stdout"].strip())
         print(f"\n{origin} attacker forked {forked} processes in {time.monotonic() - t0:.1f}s")
         assert 0 < forked < 256, out
-        [victim] = client.restore(victim_snapshot["id"])
-        client.destroy(victim["id"])
-    finally:
-        client.destroy(attacker["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
+        with _victim(client, victim_snapshot):
+            pass  # restored (CRIU made its namespaces and inotify) while the attacker holds its all
 
 
 @pytest.mark.parametrize("kind", ["mqueue", "sigpending"])
 @pytest.mark.parametrize("origin", ["fresh", "restored"])
 def test_queue_hogs_stop_at_their_share_and_the_host_and_others_go_on(client, victim_snapshot, origin, kind):
-    base = client.create(BARE)
-    attacker, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"attacker-q-{os.getpid()}")
-            [attacker] = client.restore(snap["id"])
+    with _session(client, origin) as attacker:
         held, why = _start_hog(client, attacker["id"], kind)
         print(f"\n{origin} attacker held {held} ({kind}: {why}); session rlimits {kernel_budget.session_rlimits()}")
         assert held > 0 and why, (held, why)
         host = subprocess.run([sys.executable, "-c", VICTIM_QUEUES], capture_output=True, text=True, timeout=60)
         assert host.stdout.strip() == "ok", host
-        [victim] = client.restore(victim_snapshot["id"])
-        try:
+        with _victim(client, victim_snapshot) as victim:
             r = client.exec(victim["id"], ["python3", "-c", VICTIM_QUEUES], user="user")
             assert r["stdout"].strip() == "ok", r
-        finally:
-            client.destroy(victim["id"])
-    finally:
-        client.destroy(attacker["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
 
 
 @pytest.mark.parametrize("origin", ["fresh", "restored"])
 def test_session_root_switching_among_uids_cannot_starve_the_host(client, victim_snapshot, origin):
     """Session root (the agent has sudo) takes every uid's cap in turn: the total is bounded by the
     memory its cgroup can pay, and host root and other sessions go on."""
-    base = client.create(BARE)
-    attacker, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"attacker-uids-{os.getpid()}")
-            [attacker] = client.restore(snap["id"])
+    with _session(client, origin) as attacker:
         code = ("import os, sys, time\nfor uid in range(2000, 2040):\n    if os.fork() == 0:\n"
                 "        os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)\n"
                 "        os.environ['HOME'] = f'/tmp/h{uid}'; os.makedirs(os.environ['HOME'], exist_ok=True)\n"
@@ -286,15 +266,8 @@ def test_session_root_switching_among_uids_cannot_starve_the_host(client, victim
               f"(host limit {kernel_budget.read_sysctl('fs/inotify/max_user_instances')})")
         assert total["n"] > 128  # more than the host's old default for all of host root
         assert _host_root_inotify_works()
-        [victim] = client.restore(victim_snapshot["id"])
-        try:
+        with _victim(client, victim_snapshot) as victim:
             assert _victim_user_inotify(client, victim["id"]) == "ok"
-        finally:
-            client.destroy(victim["id"])
-    finally:
-        client.destroy(attacker["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
 
 
 def test_the_host_limits_fit_every_slot_and_the_daemon_refuses_what_cannot_fit(tmp_path):
@@ -317,12 +290,7 @@ def test_the_host_limits_fit_every_slot_and_the_daemon_refuses_what_cannot_fit(t
 def test_what_a_session_can_mount_is_what_the_readme_says(client, origin):
     """README (Containment): in a user namespace of its own a session may mount a tmpfs (it lives in
     that namespace's own mount namespace, charged to the session's memory), never proc or sysfs."""
-    base = client.create(BARE)
-    s, snap = base, None
-    try:
-        if origin == "restored":
-            snap = client.checkpoint(base["id"], name=f"mounts-{os.getpid()}")
-            [s] = client.restore(snap["id"])
+    with _session(client, origin) as s:
         script = ("mkdir -p /tmp/m; "
                   "mount -t tmpfs none /tmp/m && echo tmpfs:yes || echo tmpfs:no; "
                   "mount -t proc proc /tmp/m 2>/dev/null && echo proc:yes || echo proc:no; "
@@ -331,7 +299,3 @@ def test_what_a_session_can_mount_is_what_the_readme_says(client, origin):
         assert nested == ["tmpfs:yes", "proc:no", "sysfs:no"], nested
         direct = client.exec(s["id"], ["sh", "-c", script])["stdout"].split()  # session root, no new namespace
         assert direct == ["tmpfs:no", "proc:no", "sysfs:no"], direct
-    finally:
-        client.destroy(s["id"])
-        if snap is not None:
-            client.delete_snapshot(snap["id"])
