@@ -213,9 +213,17 @@ def apply(slots: int = HOST_SLOTS, pids: int = SESSION_PIDS) -> list[dict]:
         value = read_sysctl(sysctl)
         if value >= need:
             continue
+        new_entry = sysctl not in record
         record.setdefault(sysctl, value)
         _write_record(record)
-        _sysctl_path(sysctl).write_text(f"{need}\n")
+        try:
+            _sysctl_path(sysctl).write_text(f"{need}\n")
+        except OSError as exc:
+            if new_entry:  # never changed: nothing to put back
+                del record[sysctl]
+                _write_record(record)
+            raise Unavailable(f"could not raise {sysctl.replace('/', '.')} from {value} to {need}: {exc}",
+                              reason="HOST_BUDGET", detail={"sysctl": sysctl, "limit": value, "need": need}) from exc
         changed.append({"counter": name, "sysctl": sysctl, "from": value, "to": need})
     return changed
 
@@ -262,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     what = args[0] if args else "show"
     if what == "apply":
-        out = apply()
+        try:
+            out = apply()
+        except Unavailable as exc:
+            print(f"kernel_budget: {exc}", file=sys.stderr)
+            return 1
         if "--brief" in args:  # one line for scripts/provision
             print(", ".join(f"{c['sysctl'].replace('/', '.')} {c['from']} -> {c['to']}" for c in out)
                   or f"every limit fits {HOST_SLOTS} sessions")

@@ -67,3 +67,22 @@ def test_apply_records_the_value_found_before_it_raises_it(tmp_path, monkeypatch
     assert json.loads((tmp_path / "host-limits.json").read_text()) == {"fs/inotify/max_user_instances": 128}
     assert kernel_budget.apply(slots=2) == []  # idempotent
     assert json.loads((tmp_path / "host-limits.json").read_text()) == {"fs/inotify/max_user_instances": 128}
+
+
+def test_a_limit_that_cannot_be_raised_is_not_recorded_and_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_budget, "RECORD", tmp_path / "host-limits.json")
+    monkeypatch.setattr(kernel_budget, "_sysctl_path", lambda name: tmp_path / name.replace("/", "_"))
+    for name, (sysctl, need) in kernel_budget.needs(slots=2).items():
+        (tmp_path / sysctl.replace("/", "_")).write_text(f"{need}\n")
+    target = tmp_path / "fs_inotify_max_user_instances"
+    target.write_text("128\n")
+    target.chmod(0o444)
+    monkeypatch.setattr(kernel_budget, "_sysctl_path", lambda name: (tmp_path / "ro") if name.startswith("fs/inotify/max_user_i")
+                        else tmp_path / name.replace("/", "_"))
+    (tmp_path / "ro").mkdir()  # writing a directory fails (IsADirectoryError), as a sysctl without the right fails
+    monkeypatch.setattr(kernel_budget, "read_sysctl", lambda name: 128 if name.startswith("fs/inotify/max_user_i")
+                        else int((tmp_path / name.replace("/", "_")).read_text()))
+    with pytest.raises(kernel_budget.Unavailable) as e:
+        kernel_budget.apply(slots=2)
+    assert e.value.reason == "HOST_BUDGET" and "fs.inotify.max_user_instances" in e.value.message
+    assert not (tmp_path / "host-limits.json").exists() or json.loads((tmp_path / "host-limits.json").read_text()) == {}
