@@ -37,6 +37,11 @@ FILE_SECONDS = {
     "tests/test_guest_in_session.py": 33,
     "tests/gym/test_demo.py": 32,
     "tests/test_cli.py": 30,
+    # not yet measured in a make test run: estimates from their runs alone
+    "tests/bench/test_bench_density_smoke.py": 70,
+    "tests/test_noisy_neighbour_store.py": 60,
+    "tests/test_noisy_neighbour_reads.py": 50,
+    "tests/test_noisy_neighbour.py": 30,
     "tests/test_osworld_desktop.py": 29,
     "tests/test_network_policy.py": 26,
     "tests/ray/test_ray_pool.py": 21,
