@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import cgroups, criu, display, faults, netns, netpolicy
+from . import cgroups, criu, display, faults, netns, netpolicy, watched_dirs
 from ..config import ID_BASE, check_name
 from ..errors import Busy, DrumsError, FailedPrecondition, Internal, NotFound, Unavailable
 from ..host import procs
@@ -127,6 +127,15 @@ class CheckpointOps:
             with self._lock:
                 self._checkpoints.pop(snap_id, None)
 
+    @staticmethod
+    def _warm_watched_dirs(s: Session) -> None:
+        """Before each dump attempt: the directories the session's inotify watches point at are back
+        in the dentry cache, so CRIU finds their handles (:mod:`.watched_dirs`)."""
+        report = watched_dirs.warm(s.init_pid)
+        if report["missing"]:
+            log.info("session %s: %d watched directories looked up again before the dump (%s)", s.id,
+                     report["found"], report)
+
     def _check_store_room(self, s: Session, snap_id: str) -> None:
         """Make room in the instance's store for a checkpoint's images and layer (its session's anonymous
         and shared memory plus what its writable layer occupies: blocks and inodes, as the kernel counts
@@ -207,7 +216,7 @@ class CheckpointOps:
             post_dump = (lambda: self._copy_upper(s, staging)) if leave_running else None
             try:
                 res = criu.dump(s.init_pid, staging / "dump", staging, leave_running=leave_running,
-                                post_dump=post_dump)
+                                post_dump=post_dump, before_attempt=lambda: self._warm_watched_dirs(s))
             except Unavailable as exc:
                 err = self._dump_failed(s, snap_id, staging, exc)
                 if err is exc:

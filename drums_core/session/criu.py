@@ -382,13 +382,17 @@ GHOST_LIMIT = 64 << 20
 # CRIU's error lines.
 TRANSIENT_DUMP_ERRORS = ("Control messages in queue", "Zombies with threads are not supported",
                          "Non-empty write queue on an in-flight socket", r"Unix socket \d+ not found",
-                         "netlink: The socket has data to read")
+                         "netlink: The socket has data to read",
+                         # a watched directory's dentry reclaimed since the attempt's look-up (watched_dirs.py)
+                         r"parse_fdinfo_pid_s: error parsing \[inotify wd")
 # What a dump error that outlasted the attempts means, added to the error's message
 DUMP_ERROR_MEANINGS = {
     r"Unix socket \d+ not found": "a process of the session holds a unix socket of another network namespace, "
                                   "e.g. its end of a connection made from outside the session",
     "netlink: The socket has data to read": "a process of the session holds a netlink socket with a message it "
                                             "has not read, e.g. the kernel's answer to its request",
+    r"parse_fdinfo_pid_s: error parsing \[inotify wd": "an inotify watch's directory left the kernel's cache "
+                                                        "and was not found again in the session's root",
 }
 DUMP_ATTEMPTS = 5
 DUMP_RETRY_PAUSE = 0.1  # doubled after each attempt
@@ -459,13 +463,16 @@ def check_restorable(images_dir: Path) -> None:
 
 
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
-         timeout: float = 120.0, post_dump=None) -> CriuResult:
+         timeout: float = 120.0, post_dump=None, before_attempt=None) -> CriuResult:
     """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above).
 
     ``post_dump``: called once the images are written, while the tasks are still frozen (see
-    :func:`_dump_notified`); with ``leave_running`` they run on after it returns."""
+    :func:`_dump_notified`); with ``leave_running`` they run on after it returns.
+    ``before_attempt``: called before each attempt (what the kernel must show CRIU, put in place)."""
     pause = DUMP_RETRY_PAUSE
     for attempt in range(1, DUMP_ATTEMPTS + 1):
+        if before_attempt is not None:
+            before_attempt()
         try:
             return _dump_once(pid, images_dir, work_dir, leave_running=leave_running, log_level=log_level,
                               timeout=timeout, post_dump=post_dump)
