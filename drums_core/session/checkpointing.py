@@ -216,7 +216,9 @@ class CheckpointOps:
             post_dump = (lambda: self._copy_upper(s, staging)) if leave_running else None
             try:
                 res = criu.dump(s.init_pid, staging / "dump", staging, leave_running=leave_running,
-                                post_dump=post_dump, before_attempt=lambda: self._warm_watched_dirs(s))
+                                post_dump=post_dump, before_attempt=lambda: self._warm_watched_dirs(s),
+                                # CPU only: memory would charge the images' tmpfs pages to the session
+                                cgroup_paths=[s.cgroup.dirs["cpu"]] if s.cgroup and "cpu" in s.cgroup.dirs else None)
             except Unavailable as exc:
                 err = self._dump_failed(s, snap_id, staging, exc)
                 if err is exc:

@@ -463,9 +463,12 @@ def check_restorable(images_dir: Path) -> None:
 
 
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = False, log_level: int = 2,
-         timeout: float = 120.0, post_dump=None, before_attempt=None) -> CriuResult:
+         timeout: float = 120.0, post_dump=None, before_attempt=None,
+         cgroup_paths: list[str] | None = None) -> CriuResult:
     """Dump the tree under ``pid`` (retried when CRIU met a transient state, see above).
 
+    ``cgroup_paths``: groups ``criu swrk`` joins before it runs (the session's CPU group: a dump's
+    CPU is the session's own, so a desktop that is costly to dump slows only itself).
     ``post_dump``: called once the images are written, while the tasks are still frozen (see
     :func:`_dump_notified`); with ``leave_running`` they run on after it returns.
     ``before_attempt``: called before each attempt (what the kernel must show CRIU, put in place)."""
@@ -475,7 +478,7 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
             before_attempt()
         try:
             return _dump_once(pid, images_dir, work_dir, leave_running=leave_running, log_level=log_level,
-                              timeout=timeout, post_dump=post_dump)
+                              timeout=timeout, post_dump=post_dump, cgroup_paths=cgroup_paths)
         except Unavailable as exc:
             if attempt == DUMP_ATTEMPTS or not _transient(exc):
                 err = _explained(exc)
@@ -493,7 +496,7 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
 
 
 def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, log_level: int,
-               timeout: float, post_dump=None) -> CriuResult:
+               timeout: float, post_dump=None, cgroup_paths: list[str] | None = None) -> CriuResult:
     work_fd = os.open(work_dir, os.O_DIRECTORY)
     try:
         os.set_inheritable(work_fd, True)
@@ -503,7 +506,7 @@ def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: boo
         opts.tcp_established = True
         opts.irmap_scan_paths.extend(IRMAP_HINTS)
         opts.ghost_limit = GHOST_LIMIT
-        return _call("dump", opts, work_dir, timeout, post_dump=post_dump)
+        return _call("dump", opts, work_dir, timeout, cgroup_paths, post_dump=post_dump)
     finally:
         os.close(work_fd)
 
