@@ -44,6 +44,7 @@ import contextlib
 import ctypes
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -467,6 +468,7 @@ def run_density(opts) -> dict:
                 break
         avail_full = meminfo_mib()
         counts_full = host_kernel_counts()
+        pre_need = reserve + (batch + 1) * est + 2 * (snap.get("size") or 0) / MiB + 256  # the hostile phase's room
         # ---------------------------------------------------------------- what each desktop uses
         bar.set_postfix_str(f"measuring {len(held)} desktops, KSM off")
         usage_off = measure_all(c, held)
@@ -485,6 +487,13 @@ def run_density(opts) -> dict:
                            "pages_sharing": int(ksm_read("pages_sharing")),
                            "pages_shared": int(ksm_read("pages_shared")),
                            "mem_available_mib": round(meminfo_mib())}
+                    # Leaving the arm unmerges every page at once, and the desktops grew while it ran
+                    # (a full host went into a global OOM kill there): first let go of the desktops
+                    # the hostile phase would let go of anyway, while their pages are still merged.
+                    keep = max(1, len(held) - math.ceil(max(0.0, pre_need - avail_full) / max(est, 1.0)))
+                    ksm["let_go_before_unmerge"] = len(held) - keep
+                    while len(held) > keep:
+                        destroy(c, [held.pop()])
                 ksm["settings_back"] = {k2: ksm_read(k2) for k2 in KSM_KEYS} == saved
         bar.update()
         # ---------------------------------------------------------------- a hostile neighbour
@@ -533,7 +542,8 @@ def run_density(opts) -> dict:
         "stop detail": stop.get("message") or (stop.get("error") or {}).get("message"),
         "stop error reason": (stop.get("error") or {}).get("reason"), "stop counter": stop.get("counter"),
         "PSS MiB/desktop, KSM off": off.get("pss_mib"), "PSS MiB/desktop, KSM on": on.get("pss_mib"),
-        "KSM saving": round(1 - on["pss_mib"] / off["pss_mib"], 3) if on.get("pss_mib") and off.get("pss_mib") else None,
+        "KSM saving": (round(1 - on["pss_mib"] / off["pss_mib"], 3)
+                       if on.get("pss_mib") and off.get("pss_mib") else None),
         "MemAvailable at start MiB": round(avail0), "MemAvailable drop MiB/desktop": per_drop,
         "memory allows (MemAvailable at start / PSS)": allows,
         "held / memory allows": round(n / allows, 3) if allows else None,
