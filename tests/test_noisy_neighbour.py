@@ -349,3 +349,19 @@ def test_a_dump_after_the_kernel_dropped_the_watched_directories_succeeds(client
             client.destroy(r["id"])
         finally:
             client.delete_snapshot(snap["id"])
+
+
+def test_a_restored_session_runs_at_its_own_cpu_weight_once_ready(client, victim_snapshot):
+    """A restore runs at a boosted CPU weight (restoring.RESTORE_BOOST) until the desktop is ready,
+    then the session has its own weight, like any other: the boost is no lasting advantage."""
+    from drums_core.session import cgroups
+
+    with _victim(client, victim_snapshot) as v:
+        group = client.get(v["id"])["cgroup"]
+        dirs = [p for paths in cgroups.list_run_groups().values() for p in paths if p.endswith("/" + group)]
+        cpu = [d for d in dirs if os.path.exists(os.path.join(d, "cpu.shares"))
+               or os.path.exists(os.path.join(d, "cpu.weight"))]
+        assert cpu, f"no cpu group among {dirs}"
+        name = "cpu.shares" if os.path.exists(os.path.join(cpu[0], "cpu.shares")) else "cpu.weight"
+        with open(os.path.join(cpu[0], name)) as f:
+            assert int(f.read()) == (1024 if name == "cpu.shares" else 100)

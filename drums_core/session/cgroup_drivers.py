@@ -97,6 +97,13 @@ class CgroupDriver:
     def _apply(self, cg: SessionCgroup, limits: Limits) -> None:
         raise NotImplementedError
 
+    def set_cpu_weight(self, cg: SessionCgroup, limits: Limits) -> None:
+        """Write ``limits.cpu_weight`` alone into a live group (the restore's boost and its end)."""
+        if "cpu" in cg.dirs:
+            write_value(os.path.join(cg.dirs["cpu"], "cpu.shares"), str(limits.cpu_shares))
+        elif "unified" in cg.dirs and os.path.exists(os.path.join(cg.dirs["unified"], "cpu.weight")):
+            write_value(os.path.join(cg.dirs["unified"], "cpu.weight"), str(limits.cpu_weight))
+
     def create(self, run: str, session: str, limits: Limits | None = None) -> SessionCgroup:
         """Make the group (idempotent: an existing one gets ``limits`` again) and set its limits.
 

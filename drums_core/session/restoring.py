@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import dataclasses
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from .restore_steps import RestoreStep, StepTrace, rolled_back
 log = logging.getLogger("drums.supervisor")
 
 RETRY_LIMIT = 3
+RESTORE_BOOST = 4  # CPU weight of a restoring session, times its own
 RACE_ATTEMPTS = 3  # restores of one sibling that CRIU lost to a process ending (see _restore_raced)
 RESEED_REPLY_LIMIT = 64 << 10   # the reseed hook answers {"draw": ...}: a few dozen bytes
 RESEED_REPLY_TIMEOUT = 5.0      # one exchange with the hook, connect to last byte
@@ -205,6 +207,7 @@ class RestoreOps:
                 self._prepare_dirs(s)
                 faults.hit("restore-after-writable-layer")
                 self._make_cgroup(s)
+                self._restore_boost(s, True)
                 faults.hit("restore-after-cgroup")
                 self._mount_root(s, [*snap.layers, *lowers])
                 faults.hit("restore-after-overlay")
@@ -247,6 +250,7 @@ class RestoreOps:
                 if spec.wait_port and not spec.reseed_path:  # else the reseed already spoke to the port
                     self._wait_port(s, spec.wait_port, spec.ready_timeout)
             s.timings["ready"] = time.monotonic() - t0
+            self._restore_boost(s, False)
             self._set_state(s, State.RUNNING)
         except BaseException as exc:
             self._teardown(s)
@@ -294,6 +298,17 @@ class RestoreOps:
             self.store.mark_broken(snap.id, corrupt.message)
             return corrupt.message
         return None
+
+    def _restore_boost(self, s: Session, on: bool) -> None:
+        """A restoring session (CRIU, then its own programs resuming) runs at :data:`RESTORE_BOOST`
+        times its CPU weight until it is ready: a busy neighbour, a hostile one among them, weighs
+        no more than a share of it. A running session has its own weight only."""
+        if s.cgroup is None:
+            return
+        limits = s.spec.cgroup_limits()
+        if on:
+            limits = dataclasses.replace(limits, cpu_weight=min(10000, limits.cpu_weight * RESTORE_BOOST))
+        self.cgroups.set_cpu_weight(s.cgroup, limits)
 
     def _reseed(self, s: Session) -> None:
         faults.hit("restore-mid-reseed")
