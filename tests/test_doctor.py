@@ -20,6 +20,10 @@ EXPECTED = {
     "namespace-uts", "namespace-ipc", "overlayfs-redirect-dir", "criu-binary", "criu-version",
     "criu-check", "pycriu", "xvfb", "window-manager", "nftables", "veth", "state-dir", "ksm",
     "cgroups", "seccomp", "images",
+    # the host's shared kernel budgets (host/kernel_budget.py): limit, use, what the slots need
+    "budget-inotify-instances", "budget-inotify-watches", "budget-fanotify-groups", "budget-fanotify-marks",
+    "budget-user-namespaces", "budget-mnt-namespaces", "budget-net-namespaces", "budget-pid-max",
+    "budget-threads-max",
 }
 
 

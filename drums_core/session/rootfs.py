@@ -105,13 +105,18 @@ def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Pat
     linux.mount("none", str(target), None, linux.MS_PRIVATE)
 
 
+ALIAS_HEX = 5
+
+
 def layer_alias(alias_dir: Path, layer: Path | str) -> str:
     """A short name for a checkpoint layer (a symlink in ``alias_dir``, which only the host writes),
-    so that a deep chain of layers fits in one mount line: ``<alias_dir>/<7+ hex>``."""
+    so that a deep chain of layers fits in one mount line: ``<alias_dir>/<5+ hex>`` (a few hundred
+    layers an instance: a clash only lengthens the name; each byte saved is a hundred in a chain of
+    100, whose line also carries the instance's name, ``pytest-<pid>`` with pids of up to 7 digits)."""
     alias_dir.mkdir(exist_ok=True)
     target = str(layer)
     digest = hashlib.sha256(target.encode()).hexdigest()
-    for n in range(7, len(digest) + 1):
+    for n in range(ALIAS_HEX, len(digest) + 1):
         link = alias_dir / digest[:n]
         try:
             os.symlink(target, link)

@@ -15,7 +15,7 @@ def test_alias_is_short_stable_and_points_at_the_layer(tmp_path: Path) -> None:
     layer.mkdir(parents=True)
     aliases = tmp_path / "L"
     first = rootfs.layer_alias(aliases, layer)
-    assert rootfs.layer_alias(aliases, layer) == first and len(Path(first).name) == 7
+    assert rootfs.layer_alias(aliases, layer) == first and len(Path(first).name) == rootfs.ALIAS_HEX
     assert os.path.realpath(first) == str(layer)
 
 
@@ -27,9 +27,9 @@ def test_a_clashing_alias_gets_a_longer_name(tmp_path: Path) -> None:
     import hashlib
 
     digest = hashlib.sha256(str(layer).encode()).hexdigest()
-    os.symlink("/elsewhere", aliases / digest[:7])  # taken by another layer
+    os.symlink("/elsewhere", aliases / digest[:rootfs.ALIAS_HEX])  # taken by another layer
     got = rootfs.layer_alias(aliases, layer)
-    assert Path(got).name == digest[:8] and os.readlink(got) == str(layer)
+    assert Path(got).name == digest[:rootfs.ALIAS_HEX + 1] and os.readlink(got) == str(layer)
 
 
 def test_prune_removes_only_aliases_of_deleted_layers(tmp_path: Path) -> None:
