@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import Unavailable
+from .procs import inotify_fdinfos
 
 # How many sessions the host runs at once, over all its instances (the default instance has 64 slots).
 HOST_SLOTS = int(os.environ.get("DRUMS_HOST_SLOTS", "64"))
@@ -137,22 +138,10 @@ def inotify_use() -> tuple[int, int]:
     bounded per file."""
     instances = watches = 0
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:inotify":
-                    continue
-                with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                    info = f.read(1 << 20)
-            except OSError:
-                continue
-            instances += 1
-            watches += info.count(b"inotify wd:")
+        if pid.isdigit():
+            for info in inotify_fdinfos(pid):
+                instances += 1
+                watches += info.count(b"inotify wd:")
     return instances, watches
 
 

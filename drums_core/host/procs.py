@@ -166,6 +166,27 @@ def userns(pid: int | str) -> str | None:
     return readlink(f"{PROC}/{pid}/ns/user")
 
 
+INOTIFY_FDINFO_LIMIT = 1 << 20  # a watch is a line of ~150 bytes; the session shapes how many
+
+
+def inotify_fdinfos(pid: int | str) -> list[bytes]:
+    """The fdinfo of each inotify fd of ``pid`` (one ``inotify wd:`` line a watch), read within
+    bounds; [] for a process gone or unreadable."""
+    try:
+        fds = os.listdir(f"{PROC}/{pid}/fd")
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            if os.readlink(f"{PROC}/{pid}/fd/{fd}") != "anon_inode:inotify":
+                continue
+            out.append(bounded.read_proc(pid, f"fdinfo/{fd}", limit=INOTIFY_FDINFO_LIMIT, truncate=True).data)
+        except (OSError, Unavailable):
+            continue
+    return out
+
+
 def readlink(path: str) -> str | None:
     try:
         return os.readlink(path)

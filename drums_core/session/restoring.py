@@ -352,7 +352,8 @@ class RestoreOps:
         restore starts every process anew as far as the kernel's start times go). ``on_demand``:
         D-Bus started it on request (its environment has ``DBUS_STARTER_BUS_TYPE``, or it is the
         bus's babysitter of such a service): such services exit when idle (systemd-timedated after
-        30 s) and come back when asked. The environment is the session's to write; at worst a session exempts its own processes from its own check."""
+        30 s) and come back when asked. The environment is the session's to write; at worst a
+        session exempts its own processes from its own check."""
         inherited: dict[tuple, float] = {}
         if s.snapshot:
             try:

@@ -19,8 +19,7 @@ import stat
 import time
 from collections import deque
 
-from ..errors import Unavailable
-from ..host import bounded
+from ..host import procs
 from .processes import session_processes
 
 log = logging.getLogger("drums.session.watched_dirs")
@@ -30,7 +29,6 @@ FIRST = ("etc/dbus-1", "usr/share/dbus-1", "home", "root", "tmp", "run", "etc", 
          "opt", "usr", "")
 WALK_LIMIT = 400_000
 WALK_SECONDS = 5.0
-FDINFO_LIMIT = 1 << 20
 _WATCH = re.compile(rb"^inotify wd:[0-9a-f]+ ino:([0-9a-f]+) sdev:([0-9a-f]+) ", re.M)
 
 
@@ -44,17 +42,7 @@ def unhandled_watches(init_pid: int) -> set[tuple[int, int]]:
     handle (the ones CRIU cannot dump)."""
     want: set[tuple[int, int]] = set()
     for p in session_processes(init_pid):
-        try:
-            fds = os.listdir(f"/proc/{p.pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{p.pid}/fd/{fd}") != "anon_inode:inotify":
-                    continue
-                info = bounded.read_proc(p.pid, f"fdinfo/{fd}", limit=FDINFO_LIMIT, truncate=True).data
-            except (OSError, Unavailable):
-                continue
+        for info in procs.inotify_fdinfos(p.pid):
             for line in info.splitlines():
                 m = _WATCH.match(line)
                 if m and b"fhandle-bytes:" not in line:
