@@ -45,16 +45,18 @@ if kind == "inotify":
 elif kind == "userns":
     CLONE_NEWUSER = 0x10000000
     while len(held) < 100000:
+        r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:
-            r = libc.unshare(CLONE_NEWUSER)
-            if r != 0:
-                os._exit(3)
+        if pid == 0:  # says whether its unshare worked, then holds its namespace
+            os.close(r)
+            os.write(w, b"1" if libc.unshare(CLONE_NEWUSER) == 0 else b"0")
             time.sleep(600)
             os._exit(0)
-        time.sleep(0.005)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
+        os.close(w)
+        answer = os.read(r, 1)
+        os.close(r)
+        if answer != b"1":
+            os.kill(pid, 9); os.waitpid(pid, 0)
             err = "unshare refused"; break
         held.append(pid)
 elif kind == "mqueue":
