@@ -27,6 +27,7 @@ import pytest
 
 from drums_core.config import Instance
 from drums_core.errors import Unavailable
+from tests.support.storelib import clear, store_daemon
 
 MiB = 1 << 20
 TITLE = "noisywin"
@@ -63,24 +64,6 @@ def noisy_instance():
     assert not any(leaks.values()), leaks
 
 
-def _daemon(inst: Instance, **env: str):
-    """A daemon of ``inst`` started with ``env`` (the one running is stopped first, its sessions destroyed)."""
-    from drums_core.client import Client
-    from tests.support.suite import SUITE_DAEMON_ENV
-
-    Client(inst, autostart=False).shutdown(destroy_sessions=True)
-    c = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_STORE_MEM_FLOOR": "0", "DRUMS_FAULT_AT": "", **env})
-    c.ping()
-    return c
-
-
-def _clear(c) -> None:
-    for s in c.list():
-        c.destroy(s["id"])
-    for s in sorted(c.snapshots(), key=lambda s: -s["created"]):
-        c.delete_snapshot(s["id"])
-
-
 def _user(c, sid: str, script: str, timeout: float = 120.0) -> str:
     """``script`` in the session as the desktop user (uid 1000, no sudo); its stdout."""
     r = c.exec(sid, ["sh", "-c", script], user="user", timeout=timeout)
@@ -105,7 +88,7 @@ def test_a_noisy_desktop_costs_what_it_occupies_and_pushes_out_no_one(noisy_inst
     # one checkpoint may add a quarter of the budget (the default share; the default's 1 GiB floor is
     # for budgets this small)
     budget, cap = 1024 * MiB, 256 * MiB
-    c = _daemon(inst, DRUMS_STORE_BUDGET="1g", DRUMS_SNAPSHOT_MAX="25%", DRUMS_SPILL_DIR=str(spill))
+    c = store_daemon(inst, DRUMS_STORE_BUDGET="1g", DRUMS_SNAPSHOT_MAX="25%", DRUMS_SPILL_DIR=str(spill))
     try:
         store0 = c.store()
         assert (store0["budget"], store0["snapshot_max"]) == (budget, cap), store0
@@ -206,5 +189,5 @@ def test_a_noisy_desktop_costs_what_it_occupies_and_pushes_out_no_one(noisy_inst
         victims = {victim_pinned["id"], victim_cache["id"]}
         assert not [e for e in journal if e["id"] in victims], journal
     finally:
-        _clear(c)
+        clear(c)
     assert _files(spill) == []

@@ -31,6 +31,7 @@ from drums_core.store.budget import BudgetConfig, StoreKeeper, parse_size
 
 from tests.support.wait import wait_until
 from tests.support.suite import instance_env
+from tests.support.storelib import clear, store_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -260,25 +261,6 @@ def budget_instance():
     assert not any(leaks.values()), leaks
 
 
-def _daemon(inst: Instance, **env: str):
-    """A daemon of ``inst`` started with ``env`` (the one running is stopped first, its sessions destroyed)."""
-    from drums_core.client import Client
-
-    from tests.support.suite import SUITE_DAEMON_ENV
-
-    Client(inst, autostart=False).shutdown(destroy_sessions=True)
-    c = Client(inst, daemon_env={**SUITE_DAEMON_ENV, "DRUMS_STORE_MEM_FLOOR": "0", "DRUMS_FAULT_AT": "", **env})
-    c.ping()
-    return c
-
-
-def _clear(c) -> None:
-    for s in c.list():
-        c.destroy(s["id"])
-    for s in sorted(c.snapshots(), key=lambda s: -s["created"]):
-        c.delete_snapshot(s["id"])
-
-
 def _drums(inst: Instance, *argv: str) -> subprocess.CompletedProcess:
     env = instance_env(inst)
     return subprocess.run([sys.executable, "-m", "drums_core.cli", *argv], capture_output=True, text=True, env=env,
@@ -287,11 +269,11 @@ def _drums(inst: Instance, *argv: str) -> subprocess.CompletedProcess:
 
 def _one_snapshot_size(inst: Instance) -> int:
     """The size of one xterm desktop's snapshot here (the budgets below are multiples of it)."""
-    c = _daemon(inst)
-    _clear(c)
+    c = store_daemon(inst)
+    clear(c)
     s = c.create(XTERM)
     size = c.checkpoint(s["id"], name="probe")["size"]
-    _clear(c)
+    clear(c)
     return size
 
 
@@ -300,7 +282,7 @@ def test_daemon_evicts_spills_refuses_and_reports(budget_instance):
     size = _one_snapshot_size(inst)
     spill_dir = Path("/var/lib/drums/spill") / inst.name
     budget = int(3.5 * size)
-    c = _daemon(inst, DRUMS_STORE_BUDGET=str(budget), DRUMS_SPILL_DIR=str(spill_dir))
+    c = store_daemon(inst, DRUMS_STORE_BUDGET=str(budget), DRUMS_SPILL_DIR=str(spill_dir))
     try:
         before = c.store()
         made = []
@@ -346,14 +328,14 @@ def test_daemon_evicts_spills_refuses_and_reports(budget_instance):
         assert [(e["action"], e["name"]) for e in js["store"]["recent"][-len(moved):]] == moved
         assert {s["name"] for s in js["snapshots"]} == set(listing)
     finally:
-        _clear(c)
+        clear(c)
     assert not spill_dir.exists() or list(spill_dir.iterdir()) == []
 
 
 def test_store_full_when_nothing_can_be_evicted_leaves_the_session_running(budget_instance):
     inst = budget_instance
     size = _one_snapshot_size(inst)
-    c = _daemon(inst, DRUMS_STORE_BUDGET=str(int(2.5 * size)), DRUMS_SPILL_DIR="off")
+    c = store_daemon(inst, DRUMS_STORE_BUDGET=str(int(2.5 * size)), DRUMS_SPILL_DIR="off")
     try:
         evicted_before = c.store()["evicted"]
         a = c.create(XTERM)
@@ -380,7 +362,7 @@ def test_store_full_when_nothing_can_be_evicted_leaves_the_session_running(budge
         snap = c.checkpoint(d["id"], name="fourth")
         assert [(x["action"], x["name"]) for x in snap["store"]["actions"]] == [("evicted", "cache-b")]
     finally:
-        _clear(c)
+        clear(c)
 
 
 @pytest.mark.parametrize("window", ["evict-retired", "purge-mid-delete"])
@@ -388,12 +370,12 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
     inst = budget_instance
     size = _one_snapshot_size(inst)
     budget = str(int(2.5 * size))
-    c = _daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off")
+    c = store_daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off")
     try:
         old = c.create(XTERM)
         victim = c.checkpoint(old["id"], name="victim", cache=True)
         keep = c.checkpoint(c.create(XTERM)["id"], name="keep")
-        faulty = _daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off", DRUMS_FAULT_AT=window)
+        faulty = store_daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off", DRUMS_FAULT_AT=window)
         pid = faulty.ping()["pid"]
         s = faulty.create(XTERM)
         with pytest.raises(Unavailable) as exc:
@@ -405,7 +387,7 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         assert retired.exists() and not (inst.snapshots_dir / victim["id"]).exists()
         if window == "purge-mid-delete":
             assert not (retired / "images").exists() and (retired / "layer").exists()  # really half deleted
-        c = _daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off")  # recovers and adopts the session
+        c = store_daemon(inst, DRUMS_STORE_BUDGET=budget, DRUMS_SPILL_DIR="off")  # recovers and adopts the session
         assert not retired.exists()
         assert sorted(x["name"] for x in c.snapshots()) == ["keep"]
         with pytest.raises(NotFound):
@@ -417,7 +399,7 @@ def test_daemon_killed_mid_eviction_then_its_successor_serves_only_whole_snapsho
         snap = c.checkpoint(s["id"], name="needs-room")
         assert snap["state"] == "committed"
     finally:
-        _clear(c)
+        clear(c)
 
 
 def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
@@ -426,7 +408,7 @@ def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
     from drums_osworld.gym.env import DrumsDesktopEnv
     from drums_osworld.tasks import load_task
 
-    c = _daemon(budget_instance, DRUMS_STORE_BUDGET="8m", DRUMS_SPILL_DIR="off")  # below any desktop's need
+    c = store_daemon(budget_instance, DRUMS_STORE_BUDGET="8m", DRUMS_SPILL_DIR="off")  # below any desktop's need
     path = REPO / "tasks" / "os" / "drums-os-make-executable.json"
     env = DrumsDesktopEnv(task=path, reuse="post_setup", client=c, pause=0.2)
     try:
@@ -440,7 +422,7 @@ def test_gym_env_goes_on_unsaved_when_the_store_is_full(budget_instance):
         assert c.snapshots() == [] and c.store()["store_full"] == 2
     finally:
         env.close()
-        _clear(c)
+        clear(c)
 
 
 def test_recover_drops_a_spilled_link_only_when_its_copy_is_gone_from_a_spill_dir_that_is_there(tmp_path):
