@@ -381,8 +381,21 @@ def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, im
     another image, unmounted on the host while the step runs, is gone from it. With a chroot the
     step's namespace kept a copy of every host mount: under the parallel lane another worker's
     apt-get held a test's overlay, and a rebuild was refused as IMAGE_IN_USE. (users_of now passes
-    over such unpivoted copies, so this reads the step's own mount tables.)"""
-    images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
+    over such unpivoted copies, so this reads the step's own mount tables.)
+
+    The first build's step also tries to change a host kernel setting, as tracker-miner-fs's
+    maintainer script does (``systemd-sysctl 30-tracker.conf`` set the host's
+    ``fs.inotify.max_user_watches`` to 65,536 under the slots' need): refused, the host unchanged."""
+    knob = Path("/proc/sys/fs/inotify/max_queued_events")
+    before = knob.read_text()
+    try:
+        images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=[
+            f"if echo {int(before) + 1} > {knob}; then echo wrote > /sysctl-probe; else echo refused > /sysctl-probe; fi"])))
+        probe = (config.IMAGE_STORE / image_name / "rootfs/sysctl-probe").read_text().strip()
+        after = knob.read_text()
+    finally:
+        knob.write_text(before)
+    assert (probe, after) == ("refused", before), f"a build step changed a host sysctl: {probe}, {before.strip()} -> {after.strip()}"
     other = f"{image_name}-b"
     (tmp_path / "b").mkdir()
     spec = images.load_spec(_user_spec(tmp_path / "b", other, commands=[

@@ -65,6 +65,10 @@ _CHROOT_SETUP = r"""
 root=$1 network=$2 cmd=$3 python=$4 package_root=$5
 mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
+# The kernel's settings are the host's: a package's maintainer script that applies its sysctl.d
+# (tracker-miner-fs runs systemd-sysctl 30-tracker.conf) must not change them.
+mount --bind "$root/proc/sys" "$root/proc/sys"
+mount -o remount,bind,ro "$root/proc/sys"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
 if [ "$network" = 1 ]; then
@@ -140,6 +144,15 @@ def _sh_quote(s: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- build steps
+# mmdebstrap (root mode) mounts the host's /proc into its chroot before it extracts the packages;
+# from then until its customize hooks, /proc/sys there is read-only, so no maintainer script can
+# change a host kernel setting (as the chroot steps above; mmdebstrap unmounts only what it mounted).
+_PROC_SYS_READ_ONLY_HOOKS = (
+    '--extract-hook=mount --bind "$1/proc/sys" "$1/proc/sys" && mount -o remount,bind,ro "$1/proc/sys"',
+    '--customize-hook=umount "$1/proc/sys"',
+)
+
+
 def _debootstrap(b: Builder) -> None:
     if shutil.which("mmdebstrap", path=_ENV["PATH"]) is None:
         raise FailedPrecondition("mmdebstrap is not installed (apt-get install mmdebstrap, or run scripts/provision)",
@@ -150,7 +163,8 @@ def _debootstrap(b: Builder) -> None:
            f"--include={','.join(packages)}",
            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
            "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/info/*",
-           '--aptopt=Acquire::Retries "3"', SUITE, str(b.rootfs), *MIRROR_LINES], "mmdebstrap")
+           '--aptopt=Acquire::Retries "3"', *_PROC_SYS_READ_ONLY_HOOKS, SUITE, str(b.rootfs), *MIRROR_LINES],
+          "mmdebstrap")
 
 
 def _copy_base(b: Builder) -> None:

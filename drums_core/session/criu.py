@@ -185,22 +185,29 @@ class _Watchdog:
             self._timer.cancel()
 
 
-class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
-    """``criu swrk`` started the way pycriu starts it, except that the child joins the session's
-    cgroup before it execs CRIU (with ``--manage-cgroups=ignore`` CRIU leaves restored tasks where
-    ``criu swrk`` runs, so the restored tree is born in the group), and that the forked child can
-    never return into the daemon's code: any failure there ends it with ``os._exit``. (pycriu's own
-    child lets an exec error propagate; a script written per call could meet ETXTBSY when another
-    thread forked meanwhile.)"""
+class _Swrk(_pycriu_mod._criu_comm_bin):
+    """``criu swrk`` started the way pycriu starts it, except that:
 
-    def __init__(self, bin_path: str, cgroup_paths: list[str]) -> None:
+    * the child joins ``cgroup_paths`` (the session's groups) before it execs CRIU (with
+      ``--manage-cgroups=ignore`` CRIU leaves restored tasks where ``criu swrk`` runs, so the restored
+      tree is born in the group);
+    * no descriptor is ever inheritable in the daemon: CRIU's end of the socket and the
+      ``inherit`` descriptors (its work directory) are made inheritable in the forked child alone.
+      pycriu clears close-on-exec in the parent, so another thread's CRIU started meanwhile inherited
+      them: it held another session's work directory, and that session's teardown (which kills
+      every process holding a file under its directory) SIGKILLed it mid-restore (CI: a neighbour's
+      restore failed with "criu swrk closed the connection" and an empty log);
+    * the forked child can never return into the daemon's code: any failure there ends it with
+      ``os._exit``. (pycriu's own child lets an exec error propagate; a script written per call
+      could meet ETXTBSY when another thread forked meanwhile.)"""
+
+    def __init__(self, bin_path: str, cgroup_paths: list[str] | None, inherit: tuple[int, ...] = ()) -> None:
         super().__init__(bin_path)
-        self._procs = [p.rstrip("/") + "/cgroup.procs" for p in cgroup_paths]
+        self._procs = [p.rstrip("/") + "/cgroup.procs" for p in cgroup_paths or ()]
+        self._inherit = inherit
 
     def connect(self, daemon):
-        css = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        fcntl.fcntl(css[1], fcntl.F_SETFD, fcntl.fcntl(css[1], fcntl.F_GETFD) | fcntl.FD_CLOEXEC)
-        fcntl.fcntl(css[0], fcntl.F_SETFD, fcntl.fcntl(css[0], fcntl.F_GETFD) & ~fcntl.FD_CLOEXEC)
+        css = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # both close-on-exec
         self.daemon = False
         pid = os.fork()
         if pid == 0:
@@ -209,6 +216,8 @@ class _SwrkInCgroup(_pycriu_mod._criu_comm_bin):
                     fd = os.open(path, os.O_WRONLY)
                     os.write(fd, b"0")
                     os.close(fd)
+                for fd in (css[0].fileno(), *self._inherit):
+                    os.set_inheritable(fd, True)
                 for fd in (0, 1, 2):
                     os.close(fd)
                 css[0].send(struct.pack("i", os.getpid()))
@@ -297,9 +306,7 @@ def _restore_notified(client, setup_namespaces) -> "rpc.criu_restore_resp":
 def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None,
           post_dump=None, setup_namespaces=None) -> CriuResult:
     client = pycriu.criu()
-    client.use_binary(str(CRIU_BIN))
-    if cgroup_paths:
-        client._comm = _SwrkInCgroup(str(CRIU_BIN), cgroup_paths)
+    client._comm = _Swrk(str(CRIU_BIN), cgroup_paths, inherit=(opts.work_dir_fd,))
     client.opts.MergeFrom(opts)
     watchdog = _Watchdog(client, timeout)
     pipe = _LogPipe(work_dir, on_giving_up=watchdog.giving_up if kind == "restore" else None)
@@ -497,9 +504,8 @@ def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool = Fa
 
 def _dump_once(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, log_level: int,
                timeout: float, post_dump=None, cgroup_paths: list[str] | None = None) -> CriuResult:
-    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    work_fd = os.open(work_dir, os.O_DIRECTORY)  # close-on-exec: only CRIU's child inherits it
     try:
-        os.set_inheritable(work_fd, True)
         opts = _base_opts(images_dir, work_fd, log_level)
         opts.pid = pid
         opts.leave_running = leave_running
@@ -515,9 +521,8 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             timeout: float = 60.0, cgroup_paths: list[str] | None = None, setup_namespaces=None) -> CriuResult:
     """Restore ``images_dir`` into ``root``. ``setup_namespaces(root_pid)``, if given, runs when the
     restored tree's namespaces exist and before any of its tasks runs (CRIU's ``setup-namespaces``)."""
-    work_fd = os.open(work_dir, os.O_DIRECTORY)
+    work_fd = os.open(work_dir, os.O_DIRECTORY)  # close-on-exec: only CRIU's child inherits it
     try:
-        os.set_inheritable(work_fd, True)
         opts = _base_opts(images_dir, work_fd, log_level)
         opts.root = str(root)
         opts.tcp_established = True

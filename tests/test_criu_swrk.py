@@ -1,0 +1,63 @@
+"""Two CRIU calls at once hold nothing of each other (drums_core.session.criu._Swrk).
+
+A CI run failed a restore with "criu swrk closed the connection" and an empty log while another
+session's restore failed and was torn down beside it. pycriu makes CRIU's end of its socket
+inheritable in the parent, and the engine made the work directory's descriptor inheritable for the
+whole call: a ``criu swrk`` forked by another thread meanwhile inherited them, so it held the first
+session's work directory, and that session's teardown (which SIGKILLs every process holding a file
+under the session's directory) killed it mid-restore. Here two ``criu swrk`` run at once, each given
+its own work directory the way :func:`criu.restore` gives it: each holds its own and not the other's,
+and the daemon's copies stay close-on-exec.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from drums_core.session import criu
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _held(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
+
+
+def _cloexec(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
+
+
+def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: Path) -> None:
+    if not os.access(criu.CRIU_BIN, os.X_OK):
+        pytest.fail(f"this test needs the CRIU binary at {criu.CRIU_BIN} (scripts/provision installs it)")
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    fds, comms = [], []
+    try:
+        for d in dirs:
+            d.mkdir()
+            fd = os.open(d, os.O_DIRECTORY)  # as criu.restore and criu.dump open it
+            fds.append(fd)
+            comm = criu._Swrk(str(criu.CRIU_BIN), None, inherit=(fd,))
+            comm.connect(False)  # CRIU runs and waits for its request
+            comms.append(comm)
+            assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a descriptor of a CRIU call is inheritable in the daemon"
+        a, b = (_held(c.swrk) for c in comms)
+        assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
+        assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other call's work directory: {a}, {b}"
+        sockets = [{t for t in held if t.startswith("socket:")} for held in (a, b)]
+        assert len(sockets[0]) == len(sockets[1]) == 1 and not sockets[0] & sockets[1], sockets
+    finally:
+        for c in comms:
+            c.disconnect()  # CRIU sees its socket close and exits; disconnect reaps it
+        for fd in fds:
+            os.close(fd)
+    for c in comms:
+        assert not os.path.exists(f"/proc/{c.swrk}"), f"criu swrk {c.swrk} outlived its call"
