@@ -177,10 +177,23 @@ def desktop_usage(client, session: dict) -> dict:
     for ent in inotify:  # an instance inherited over fork is one instance, held by several fds
         if not any(u[0] != ent[0] and _kcmp_same(ent[0], ent[1], u[0], u[1]) for u in unique):
             unique.append(ent)
+    tot["charged_kib"] = _charged_kib(session["id"])
     tot["inotify_instances"] = len(unique)
     tot["inotify_watches"] = sum(u[2] for u in unique)
     tot["inotify_fds"] = len(inotify)
     return tot
+
+
+def _charged_kib(sid: str) -> int:
+    """What the session's memory cgroup is charged (cgroup v1 ``memory.usage_in_bytes``, v2
+    ``memory.current``): its anonymous memory, its tmpfs and shared memory (which PSS counts only
+    where mapped) and the kernel's memory for it (slab, stacks, page tables), which PSS omits."""
+    for pattern, name in (("/sys/fs/cgroup/memory/drums/*/", "memory.usage_in_bytes"),
+                          ("/sys/fs/cgroup/drums/*/", "memory.current")):
+        for d in Path("/").glob(pattern.lstrip("/") + sid):
+            with contextlib.suppress(OSError, ValueError):
+                return int(_read(str(d / name), 64)) >> 10
+    return 0
 
 
 def nonblank(png: bytes) -> float:
@@ -355,6 +368,7 @@ def _per_desktop(usages: list[dict]) -> dict:
     out["pss_mib"] = round(out.pop("pss_kib") / 1024, 1)
     out["pss_anon_mib"] = round(out.pop("pss_anon_kib") / 1024, 1)
     out["pss_file_mib"] = round(out.pop("pss_file_kib") / 1024, 1)
+    out["charged_mib"] = round(out.pop("charged_kib") / 1024, 1)
     out["pss_mib_min"] = round(min(u["pss_kib"] for u in usages) / 1024, 1)
     out["pss_mib_max"] = round(max(u["pss_kib"] for u in usages) / 1024, 1)
     out["desktops"] = n
@@ -397,6 +411,7 @@ def run_density(opts) -> dict:
     inst = _instance(opts)
     bi = BenchInstance(inst, ksm=True)
     held: list[dict] = []
+    held_full: int | None = None
     extra: list[dict] = []  # sessions of a round in flight (destroyed at the round's end or below)
     fill: list[dict] = []
     failures: list[dict] = []
@@ -467,6 +482,7 @@ def run_density(opts) -> dict:
                 extra = []
                 break
         avail_full = meminfo_mib()
+        held_full = len(held)  # what the host held: the phases below let some go for their own room
         counts_full = host_kernel_counts()
         pre_need = reserve + (batch + 1) * est + 2 * (snap.get("size") or 0) / MiB + 256  # the hostile phase's room
         # ---------------------------------------------------------------- what each desktop uses
@@ -528,7 +544,9 @@ def run_density(opts) -> dict:
                 destroy(bi.client, extra + held)
         cleanup = bi.stop()
     # ---------------------------------------------------------------- the report
-    n = len(held) + room.get("let_go", 0) if room else len(held)
+    # the desktops the fill held at once (a run interrupted in the fill: those held then); the KSM arm
+    # and the hostile phase let some go afterwards for their own room (counted apart below)
+    n = held_full if held_full is not None else len(held)
     off, on = _per_desktop(usage_off), _per_desktop(usage_on)
     fill_ok = [f["restore_s"] for f in fill if "error" not in f and "restore_s" in f]
     per_drop = round((avail0 - avail_full) / n, 1) if n else None
@@ -544,6 +562,7 @@ def run_density(opts) -> dict:
         "PSS MiB/desktop, KSM off": off.get("pss_mib"), "PSS MiB/desktop, KSM on": on.get("pss_mib"),
         "KSM saving": (round(1 - on["pss_mib"] / off["pss_mib"], 3)
                        if on.get("pss_mib") and off.get("pss_mib") else None),
+        "memory charged MiB/desktop (its cgroup), KSM off": off.get("charged_mib"),
         "MemAvailable at start MiB": round(avail0), "MemAvailable drop MiB/desktop": per_drop,
         "memory allows (MemAvailable at start / PSS)": allows,
         "held / memory allows": round(n / allows, 3) if allows else None,
@@ -551,6 +570,8 @@ def run_density(opts) -> dict:
         "inotify watches/desktop": off.get("inotify_watches"),
         "processes/desktop": off.get("processes"), "tasks (pids)/desktop": off.get("tasks"),
         "fill restore p50 s": _r(pct(fill_ok, 50)), "fill restore p90 s": _r(pct(fill_ok, 90)),
+        "let go after the fill (room for the KSM unmerge and the hostile phase)":
+            n - room["held"] if room else None,
         "hostile phase: desktops held": room.get("held"),
         "restore p50 s without hostile": _r(p50.get("without")),
         "restore p50 s with hostile": _r(p50.get("with hostile")),
