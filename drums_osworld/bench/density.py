@@ -28,8 +28,9 @@ the KSM measurement below).
    In the hostile arm a restored sibling runs :mod:`drums_osworld.bench.hostile_desktop` as the
    desktop user (inotify instances until refused, tasks until refused, a 20 TiB sparse file, a file
    with 3,000 hard links, a 16 MiB argument area through ``PR_SET_MM_MAP``; held and let go in a
-   loop) and the bench checkpoints it (``leave_running``) while it holds. In both arms the bench
-   restores ``--batch`` new siblings (timed, checked alive and answering a screenshot), takes a
+   loop) and the bench checkpoints it (``leave_running``) while it holds; in the arm without it an
+   honest restored sibling (the control) is checkpointed the same way at the same point, so the
+   arms differ by the attacks alone. In both arms the bench, meanwhile, restores ``--batch`` new siblings (timed, checked alive and answering a screenshot), takes a
    screenshot of every held desktop and checkpoints one of them (``leave_running``, the snapshot
    deleted at once). Every failure among the others is counted; the hostile desktop's own outcomes
    are recorded apart. The figure: the others' restore p50 with the hostile desktop over without.
@@ -615,11 +616,18 @@ def run_density(opts) -> dict:
 
 def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, hostile_opts: dict,
            extra: list[dict]) -> tuple[dict, dict | None]:
-    """One round of work on the others (restores, screenshots, a checkpoint), with or without the hostile."""
+    """One round of work on the others (restores, screenshots, a checkpoint), with or without the hostile.
+
+    Both arms have one more sibling than the others, checkpointed while the others' restores run:
+    the hostile one (its attacks holding), or in the arm without it an honest one (the control).
+    A checkpoint writes the desktop's ~550 MiB of images beside the restores either way, so the
+    arms differ by the attacks alone (a first version checkpointed only the hostile one and
+    measured the checkpoint's cost as the hostile's)."""
     row: dict = {"arm": arm, "round": r, "restore_s": [], "failures": [], "screenshots": 0, "checkpoints": []}
     hrow: dict | None = None
     h_thread = None
     h_result: dict = {}
+    subject = None
     if arm == "with hostile":
         hrow = start_hostile(c, snap_id, hostile_opts)
         hrow["round"] = r
@@ -627,9 +635,18 @@ def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, host
         if hrow.get("hostile"):
             extra.append(hrow["hostile"])
         if "error" not in hrow:
-            h = hrow["hostile"]
-            h_thread = threading.Thread(target=lambda: h_result.update(checkpoint_and_delete(c, h)), daemon=True)
-            h_thread.start()
+            subject = hrow["hostile"]
+    else:
+        rec = restore_checked(c, snap_id)
+        if rec.get("session"):
+            extra.append(rec["session"])
+        if "error" in rec:
+            row["failures"].append({"op": f"control {rec['stage']}", "error": rec["error"], "counter": rec.get("counter")})
+        else:
+            subject = rec["session"]
+    if subject is not None:
+        h_thread = threading.Thread(target=lambda: h_result.update(checkpoint_and_delete(c, subject)), daemon=True)
+        h_thread.start()
     try:
         rows = restore_batch(c, snap_id, batch)
         for x in rows:
@@ -658,8 +675,14 @@ def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, host
                 row["failures"].append({"op": "checkpoint", **ck})
         if h_thread is not None:
             h_thread.join(timeout=300)
-            hrow["checkpoint"] = dict(h_result) or {"error": "still running after 300 s"}
-            hrow["status_after"] = hostile_status(hrow["hostile"])
+            ck = dict(h_result) or {"error": "still running after 300 s"}
+            if hrow is not None:
+                hrow["checkpoint"] = ck
+                hrow["status_after"] = hostile_status(hrow["hostile"])
+            else:
+                row["control_checkpoint"] = ck
+                if "error" in ck:
+                    row["failures"].append({"op": "control checkpoint", **ck})
     finally:
         gone = [s for s in extra if s is not (hrow or {}).get("hostile")]
         if hrow and hrow.get("hostile"):
