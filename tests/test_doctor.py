@@ -19,7 +19,7 @@ EXPECTED = {
     "root", "kernel", "namespace-user", "namespace-pid", "namespace-net", "namespace-mount",
     "namespace-uts", "namespace-ipc", "overlayfs-redirect-dir", "criu-binary", "criu-version",
     "criu-check", "pycriu", "xvfb", "window-manager", "nftables", "veth", "state-dir", "ksm",
-    "cgroups", "seccomp", "images",
+    "cgroups", "seccomp", "images", "criu-kdat-cache",
     # the host's shared kernel budgets (host/kernel_budget.py): limit, use, what the slots need
     "budget-inotify-instances", "budget-inotify-watches", "budget-fanotify-groups", "budget-fanotify-marks",
     "budget-user-namespaces", "budget-mnt-namespaces", "budget-net-namespaces", "budget-pid-max",

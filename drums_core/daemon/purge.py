@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import STATE_ROOT, Instance
-from ..host import kernel_budget
+from ..host import criu_cache, kernel_budget
 from ..errors import DrumsError, FailedPrecondition
 from ..session.rootfs import mounts_under
 from ..sweep.instance import real_dir, remove_files, unmount_state
@@ -201,6 +201,8 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
         report.removed += remove_files(_state_files(instance))
         if _last_instance_on_host(instance):
             report.host_limits = kernel_budget.restore()
+            if criu_cache.remove():  # CRIU's kernel-feature cache, if Drums made it (host/criu_cache.py)
+                report.removed.append(str(criu_cache.KDAT))
     finally:
         os.close(lock)
     return report

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import config
-from . import linux
+from . import criu_cache, linux
 
 PROVISION = "run scripts/provision (or `make test`) as root"
 CRIU_SERIES = "4.2"
@@ -172,6 +172,21 @@ def check_criu_check() -> Check:
     if res.returncode == 0:
         return Check("criu-check", True, True, _last_lines(out, 1) or "passed")
     return Check("criu-check", False, True, f"criu check failed: {_last_lines(out)}", fix)
+
+
+def check_criu_kdat_cache() -> Check:
+    """CRIU's kernel-feature cache (host/criu_cache.py): without it every restore and dump probes
+    the kernel again (30 to 50 ms each). Not required: CRIU works without it."""
+    st = criu_cache.status(_criu_bin())
+    state = st["state"]
+    detail = {"tmpfs": "/run is a tmpfs: CRIU keeps its own cache there",
+              "kept": f"{criu_cache.KDAT}, made by Drums for this boot, kernel and CRIU",
+              "absent": f"no {criu_cache.KDAT} yet: the daemon makes it when it starts",
+              "foreign": f"{criu_cache.KDAT} was not written by Drums (left alone)",
+              "stale": f"{criu_cache.KDAT} is of another {', '.join(st.get('differs', []))}: the daemon makes "
+                       "it again when it starts"}.get(state, st.get("detail", state))
+    return Check("criu-kdat-cache", state in ("tmpfs", "kept", "absent", "stale"), False, detail,
+                 f"remove {criu_cache.KDAT} if it is not CRIU's own, then start the daemon")
 
 
 def check_pycriu() -> Check:
@@ -357,6 +372,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_criu_binary,
     check_criu_version,
     check_criu_check,
+    check_criu_kdat_cache,
     check_pycriu,
     check_xvfb,
     check_window_manager,
