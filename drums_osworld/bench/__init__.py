@@ -27,6 +27,8 @@ images         the osworld image against the light default one: size, build time
 density        osworld desktops (Chromium, GIMP, VLC, Impress open) restored until the host is full:
                desktops held, why it stopped, PSS with and without KSM, inotify and pids per desktop;
                then the others' restores, screenshots and checkpoints with and without a hostile one
+restore-costs  CRIU's fixed costs, one lever per arm (the kdat cache: probed vs cached), on both
+               images: restore call, CRIU, CPU per restore, leave-running checkpoint
 =============  ==================================================================================
 
 ``--quick`` shrinks every count for a smoke test. Every suite runs on a daemon instance of its
@@ -58,6 +60,7 @@ SUITES = {
     "spill": ("spill", "run_spill"),
     "images": ("images", "run_images"),
     "density": ("density", "run_density"),
+    "restore-costs": ("restore_costs", "run_restore_costs"),
 }
 
 __all__ = ["SUITES", "main", "run_suite"]

@@ -1,0 +1,178 @@
+"""``restore-costs``: CRIU's fixed costs, one lever per arm, measured side by side (issue 32).
+
+One in-process :class:`~drums_core.session.supervisor.Supervisor` (the ``profile`` instance's
+slots); for each image (``default`` and ``osworld``) a Writer desktop after its task's setup is
+checkpointed; then rounds, the arms taking turns going first, each arm a state of the host's CRIU:
+
+- ``kdat probed``: no ``/run/criu.kdat`` (the file is moved aside for the call): CRIU probes the
+  kernel's features on every run, as it did on this host before :mod:`drums_core.host.criu_cache`;
+- ``kdat cached``: the cache the daemon makes once per boot (:func:`criu_cache.ensure`).
+
+Per arm and image: the restore call to agent-ready, CRIU's step of it, and the CPU the restore
+cost (CRIU and the helpers it ran, from this process's reaped-children counters, plus the restored
+tasks' own: their counters start at zero on restore); and a ``leave_running`` checkpoint of a
+held sibling (the call, and CRIU's dump). The figure of each lever: what it saves per restore and
+per checkpoint, in wall and in CPU milliseconds. Safety: the cache is what ``criu check`` found on
+this boot, kernel and CRIU; a cache of another is made again (``criu_cache``), and a dump still
+freezes the whole tree before it reads anything, as before.
+
+The host's cache is as it was at the end (made again if the run is interrupted). Nothing else
+should run CRIU on the host meanwhile: the file is the host's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from . import common, inprocess
+from ..progress import progress
+from .common import rotated, summary
+from .floor import _children_cpu, _tasks_cpu
+
+ARMS = ("kdat probed", "kdat cached")
+IMAGES = ("default", "osworld")
+
+
+@contextlib.contextmanager
+def _arm(arm: str):
+    from drums_core.host import criu_cache
+
+    aside = criu_cache.RUN / f".criu.kdat.bench-{os.getpid()}"
+    if arm == "kdat probed":
+        if criu_cache.KDAT.exists():
+            os.replace(criu_cache.KDAT, aside)
+        try:
+            yield
+        finally:
+            if aside.exists():
+                os.replace(aside, criu_cache.KDAT)
+    else:
+        got = criu_cache.ensure()
+        if got["state"] not in ("made", "kept", "tmpfs"):
+            raise common.BenchError(f"the kdat cache could not be made: {got}")
+        yield
+
+
+def _writer_snapshot(sup, image: str, name: str):
+    from drums_osworld.desktop import desktop_spec
+    from drums_osworld.evaluation import run_task_setup
+    from drums_osworld.guest.client import GuestClient
+
+    s = sup.create(desktop_spec(image=image))
+    run_task_setup(common.WRITER_TASK, GuestClient(s.address, 5000), strict=True)
+    common.wait_agent_ready(s.display, time.monotonic())
+    time.sleep(0.5)
+    return sup.checkpoint(s.id, name=name)
+
+
+def _restore(sup, snap) -> dict:
+    cpu0 = _children_cpu()
+    t0 = time.perf_counter()
+    [r] = sup.restore(snap.id)
+    call = time.perf_counter() - t0
+    criu_cpu = _children_cpu() - cpu0
+    row = {"call": call, "criu": r.timings.get("steps", {}).get("criu", 0.0),
+           "cpu": criu_cpu + _tasks_cpu(r.init_pid)}
+    sup.destroy(r.id)
+    return row
+
+
+def _checkpoint(sup, held, i: int) -> dict:
+    from drums_core.session import criu
+
+    seen: list[float] = []
+    orig = criu.dump
+
+    def timed(*a, **k):
+        res = orig(*a, **k)
+        seen.append(res.seconds)
+        return res
+
+    criu.dump = timed
+    try:
+        t0 = time.perf_counter()
+        snap = sup.checkpoint(held.id, name=f"costs-lr{i}", leave_running=True)
+        call = time.perf_counter() - t0
+    finally:
+        criu.dump = orig
+    sup.keeper.delete(snap.id)
+    return {"call": call, "criu": seen[-1] if seen else None}
+
+
+def run_restore_costs(opts) -> dict:
+    from drums_core.host import criu_cache
+
+    n = opts.rounds or (2 if opts.quick else 15)
+    images = IMAGES[-1:] if opts.quick else IMAGES  # a smoke run: the osworld desktop alone
+    inst = common.instances(opts)["profile"]
+    host = {**common.host_facts([inst.name]), "run_is_tmpfs": criu_cache.status()["state"] == "tmpfs"}
+    rows: dict = {img: {a: {"restore": [], "checkpoint": []} for a in ARMS} for img in images}
+    failures: list[dict] = []
+    cleanup: dict = {}
+    bar = progress(len(images) * (1 + n * len(ARMS)), "restore-costs", opts.no_progress)
+    try:
+        with inprocess.supervisor(inst, cleanup) as sup:
+            for img in images:
+                snap = _writer_snapshot(sup, img, f"costs-{img}")
+                [held] = sup.restore(snap.id)
+                bar.update()
+                for i in range(n):
+                    for arm in rotated(list(ARMS), i):
+                        bar.set_postfix_str(f"{img}: {arm}, round {i + 1}/{n}")
+                        try:
+                            with _arm(arm):
+                                rows[img][arm]["restore"].append(_restore(sup, snap))
+                                rows[img][arm]["checkpoint"].append(_checkpoint(sup, held, i))
+                        except Exception as exc:  # noqa: BLE001 - a failed call is a figure of its arm
+                            failures.append({"image": img, "arm": arm, "error": common.error_record(exc)})
+                        bar.update()
+                sup.destroy(held.id)
+    finally:
+        bar.close()
+        criu_cache.ensure()  # the host's cache as a daemon start leaves it
+    return _report(opts, host, inst.name, n, rows, failures, cleanup)
+
+
+def _ms(x):
+    return None if x is None else round(x * 1e3, 1)
+
+
+def _report(opts, host, instance, n, rows, failures, cleanup) -> dict:
+    table, stats, summ = [], {}, {}
+    for img in rows:
+        stats[img] = {}
+        for arm in ARMS:
+            rs, cs = rows[img][arm]["restore"], rows[img][arm]["checkpoint"]
+            st = {"restore_call_s": summary([r["call"] for r in rs]), "restore_criu_s": summary([r["criu"] for r in rs]),
+                  "restore_cpu_s": summary([r["cpu"] for r in rs]),
+                  "checkpoint_call_s": summary([c["call"] for c in cs]),
+                  "dump_s": summary([c["criu"] for c in cs if c["criu"] is not None])}
+            stats[img][arm] = st
+            table.append({"image": img, "arm": arm, "n": st["restore_call_s"]["n"],
+                          "restore call p50 ms": _ms(st["restore_call_s"]["p50"]),
+                          "criu p50 ms": _ms(st["restore_criu_s"]["p50"]),
+                          "restore CPU p50 ms": _ms(st["restore_cpu_s"]["p50"]),
+                          "checkpoint call p50 ms": _ms(st["checkpoint_call_s"]["p50"]),
+                          "dump p50 ms": _ms(st["dump_s"]["p50"])})
+        base, lever = stats[img]["kdat probed"], stats[img]["kdat cached"]
+
+        def saved(key):
+            a, b = base[key]["p50"], lever[key]["p50"]
+            return None if a is None or b is None else _ms(a - b)
+
+        summ[f"{img}: kdat cache saves per restore, wall ms (p50)"] = saved("restore_call_s")
+        summ[f"{img}: kdat cache saves per restore, CPU ms (p50)"] = saved("restore_cpu_s")
+        summ[f"{img}: kdat cache saves per checkpoint, wall ms (p50)"] = saved("checkpoint_call_s")
+        summ[f"{img}: restore call p50 ms with the cache"] = _ms(lever["restore_call_s"]["p50"])
+        summ[f"{img}: checkpoint call p50 ms with the cache"] = _ms(lever["checkpoint_call_s"]["p50"])
+    summ["failures"] = len(failures)
+    summ["leaked resources after"] = cleanup.get("leaked")
+    return {"suite": "restore-costs", "quick": opts.quick, "host": host,
+            "params": {"rounds": n, "instance": instance, "arms": list(ARMS), "images": list(rows)},
+            "rows": rows, "stats": stats, "failures": failures, "cleanup": cleanup, "summary": summ,
+            "table": table,
+            "plot": {"title": "Restore call by arm", "ylabel": "milliseconds",
+                     "series": {f"{img} {arm}": [r["call"] * 1e3 for r in rows[img][arm]["restore"]]
+                                for img in rows for arm in ARMS}}}
