@@ -6,7 +6,11 @@ checkpointed; then rounds, the arms taking turns going first, each arm a state o
 
 - ``kdat probed``: no ``/run/criu.kdat`` (the file is moved aside for the call): CRIU probes the
   kernel's features on every run, as it did on this host before :mod:`drums_core.host.criu_cache`;
-- ``kdat cached``: the cache the daemon makes once per boot (:func:`criu_cache.ensure`).
+- ``kdat cached``: the cache the daemon makes once per boot (:func:`criu_cache.ensure`);
+- ``filesize validation``: the cache, and CRIU checking a restored task's mapped files by their
+  size instead of their ELF build-id (``--file-validation filesize``,
+  :data:`drums_core.session.criu.FILE_VALIDATION`); the two arms before it use CRIU's default
+  (build-id).
 
 Per arm and image: the restore call to agent-ready, CRIU's step of it, and the CPU the restore
 cost (CRIU and the helpers it ran, from this process's reaped-children counters, plus the restored
@@ -31,28 +35,36 @@ from ..progress import progress
 from .common import rotated, summary
 from .floor import _children_cpu, _tasks_cpu
 
-ARMS = ("kdat probed", "kdat cached")
+ARMS = ("kdat probed", "kdat cached", "filesize validation")
+# each lever against the arm before it
+LEVERS = {"kdat cache": ("kdat probed", "kdat cached"), "filesize validation": ("kdat cached", "filesize validation")}
 IMAGES = ("default", "osworld")
 
 
 @contextlib.contextmanager
 def _arm(arm: str):
     from drums_core.host import criu_cache
+    from drums_core.session import criu
 
     aside = criu_cache.RUN / f".criu.kdat.bench-{os.getpid()}"
-    if arm == "kdat probed":
-        if criu_cache.KDAT.exists():
-            os.replace(criu_cache.KDAT, aside)
-        try:
+    saved = criu.FILE_VALIDATION
+    criu.FILE_VALIDATION = "filesize" if arm == "filesize validation" else None
+    try:
+        if arm == "kdat probed":
+            if criu_cache.KDAT.exists():
+                os.replace(criu_cache.KDAT, aside)
+            try:
+                yield
+            finally:
+                if aside.exists():
+                    os.replace(aside, criu_cache.KDAT)
+        else:
+            got = criu_cache.ensure()
+            if got["state"] not in ("made", "kept", "tmpfs"):
+                raise common.BenchError(f"the kdat cache could not be made: {got}")
             yield
-        finally:
-            if aside.exists():
-                os.replace(aside, criu_cache.KDAT)
-    else:
-        got = criu_cache.ensure()
-        if got["state"] not in ("made", "kept", "tmpfs"):
-            raise common.BenchError(f"the kdat cache could not be made: {got}")
-        yield
+    finally:
+        criu.FILE_VALIDATION = saved
 
 
 def _writer_snapshot(sup, image: str, name: str):
@@ -156,17 +168,20 @@ def _report(opts, host, instance, n, rows, failures, cleanup) -> dict:
                           "restore CPU p50 ms": _ms(st["restore_cpu_s"]["p50"]),
                           "checkpoint call p50 ms": _ms(st["checkpoint_call_s"]["p50"]),
                           "dump p50 ms": _ms(st["dump_s"]["p50"])})
-        base, lever = stats[img]["kdat probed"], stats[img]["kdat cached"]
+        for lever, (before, after) in LEVERS.items():
+            a_st, b_st = stats[img][before], stats[img][after]
 
-        def saved(key):
-            a, b = base[key]["p50"], lever[key]["p50"]
-            return None if a is None or b is None else _ms(a - b)
+            def saved(key, a_st=a_st, b_st=b_st):
+                a, b = a_st[key]["p50"], b_st[key]["p50"]
+                return None if a is None or b is None else _ms(a - b)
 
-        summ[f"{img}: kdat cache saves per restore, wall ms (p50)"] = saved("restore_call_s")
-        summ[f"{img}: kdat cache saves per restore, CPU ms (p50)"] = saved("restore_cpu_s")
-        summ[f"{img}: kdat cache saves per checkpoint, wall ms (p50)"] = saved("checkpoint_call_s")
-        summ[f"{img}: restore call p50 ms with the cache"] = _ms(lever["restore_call_s"]["p50"])
-        summ[f"{img}: checkpoint call p50 ms with the cache"] = _ms(lever["checkpoint_call_s"]["p50"])
+            summ[f"{img}: {lever} saves per restore, wall ms (p50)"] = saved("restore_call_s")
+            summ[f"{img}: {lever} saves per restore, CPU ms (p50)"] = saved("restore_cpu_s")
+            summ[f"{img}: {lever} saves per checkpoint, wall ms (p50)"] = saved("checkpoint_call_s")
+        last = stats[img][ARMS[-1]]
+        summ[f"{img}: restore call p50 ms, every lever"] = _ms(last["restore_call_s"]["p50"])
+        summ[f"{img}: restore CPU p50 ms, every lever"] = _ms(last["restore_cpu_s"]["p50"])
+        summ[f"{img}: checkpoint call p50 ms, every lever"] = _ms(last["checkpoint_call_s"]["p50"])
     summ["failures"] = len(failures)
     summ["leaked resources after"] = cleanup.get("leaked")
     return {"suite": "restore-costs", "quick": opts.quick, "host": host,
