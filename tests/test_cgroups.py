@@ -132,7 +132,7 @@ def _dead_ledger(root: Path, run: str, host: Host) -> Ledger:
 
 def test_limits_defaults_and_v1_shares():
     lim = Limits()
-    assert (lim.memory_max, lim.memory_high, lim.pids_max, lim.cpu_weight) == (4 * GiB, 3 * GiB, 4096, 100)
+    assert (lim.memory_max, lim.memory_high, lim.pids_max, lim.cpu_weight) == (4 * GiB, 3 * GiB, 2048, 100)
     assert lim.cpu_shares == 1024
     assert Limits(cpu_weight=1).cpu_shares == 10 and Limits(cpu_weight=10000).cpu_shares == 102400
     assert Limits(memory_max=64 * MiB).memory_high == 48 * MiB

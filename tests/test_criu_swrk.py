@@ -31,6 +31,12 @@ def _held(pid: int) -> set[str]:
     return out
 
 
+def _swrk_socket(pid: int) -> str:
+    """The socket ``criu swrk <fd>`` was started with."""
+    fd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2].decode()
+    return os.readlink(f"/proc/{pid}/fd/{fd}")
+
+
 def _cloexec(fd: int) -> bool:
     return bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
 
@@ -52,8 +58,10 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
         a, b = (_held(c.swrk) for c in comms)
         assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
         assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other call's work directory: {a}, {b}"
-        sockets = [{t for t in held if t.startswith("socket:")} for held in (a, b)]
-        assert len(sockets[0]) == len(sockets[1]) == 1 and not sockets[0] & sockets[1], sockets
+        # each holds its own end of its socket (``criu swrk <fd>``) and not the other call's
+        own = [_swrk_socket(c.swrk) for c in comms]
+        assert all(t.startswith("socket:") for t in own), own
+        assert own[0] in a and own[1] not in a and own[1] in b and own[0] not in b, (own, a, b)
     finally:
         for c in comms:
             c.disconnect()  # CRIU sees its socket close and exits; disconnect reaps it

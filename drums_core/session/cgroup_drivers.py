@@ -48,7 +48,7 @@ class Limits:
 
     MIN_MEMORY = 8 * MiB
     MAX_MEMORY = 1 << 50
-    MAX_PIDS = 4194304  # PID_MAX_LIMIT
+    MAX_PIDS = SESSION_PIDS  # the host's pid budget (host/kernel_budget.py) counts every slot at this
 
     def __post_init__(self) -> None:
         if self.memory_high is None and _is_int(self.memory_max):

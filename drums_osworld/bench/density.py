@@ -385,7 +385,7 @@ def _instance(opts) -> Instance:
     name = check_name(getattr(opts, "instance", None) or common.BENCH_NAME, "instance")
     base = getattr(opts, "slot_base", None)
     return Instance(name=name, slot_base=common.BENCH_SLOT_BASE if base is None else int(base),
-                    slot_count=64)  # 64 x 4,096 pids fit the pid budget provisioning sets
+                    slot_count=64)  # 64 x 2,048 pids fit the pid budget provisioning sets
 
 
 class _Interrupted(KeyboardInterrupt):

@@ -19,7 +19,7 @@ Then, cycle after cycle until killed (or ``--cycles``):
 - **pids**: threads until refused (or ``--pids-cap``). Threads are tasks: the pids controller,
   ``kernel.pid_max`` and ``RLIMIT_NPROC`` count them as forked processes are counted, at a few
   KiB of memory each instead of a process's copied pages (a fork loop of Python processes would
-  cost the host gigabytes at a 4,096-task limit); all held;
+  cost the host gigabytes at a 2,048-task limit); all held;
 - the status file (``--status``, JSON, replaced atomically) says what this cycle got and why it
   stopped (the errno's name), then everything is held ``--hold`` seconds, let go, and the next
   cycle begins ``--pause`` seconds later.
