@@ -54,10 +54,10 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
             comm = criu._Swrk(str(criu.CRIU_BIN), None, inherit=(fd,))
             comm.connect(False)  # CRIU runs and waits for its request
             comms.append(comm)
-            assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a descriptor of a CRIU call is inheritable in the daemon"
+            assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a CRIU call's descriptor is inheritable here"
         a, b = (_held(c.swrk) for c in comms)
         assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
-        assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other call's work directory: {a}, {b}"
+        assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other's work directory: {a}, {b}"
         # each holds its own end of its socket (``criu swrk <fd>``) and not the other call's
         own = [_swrk_socket(c.swrk) for c in comms]
         assert all(t.startswith("socket:") for t in own), own

@@ -30,7 +30,8 @@ the KSM measurement below).
    with 3,000 hard links, a 16 MiB argument area through ``PR_SET_MM_MAP``; held and let go in a
    loop) and the bench checkpoints it (``leave_running``) while it holds; in the arm without it an
    honest restored sibling (the control) is checkpointed the same way at the same point, so the
-   arms differ by the attacks alone. In both arms the bench, meanwhile, restores ``--batch`` new siblings (timed, checked alive and answering a screenshot), takes a
+   arms differ by the attacks alone. In both arms the bench, meanwhile, restores ``--batch`` new
+   siblings (timed, checked alive and answering a screenshot), takes a
    screenshot of every held desktop and checkpoints one of them (``leave_running``, the snapshot
    deleted at once). Every failure among the others is counted; the hostile desktop's own outcomes
    are recorded apart. The figure: the others' restore p50 with the hostile desktop over without.
@@ -641,7 +642,8 @@ def _round(c, snap_id: str, held: list[dict], batch: int, arm: str, r: int, host
         if rec.get("session"):
             extra.append(rec["session"])
         if "error" in rec:
-            row["failures"].append({"op": f"control {rec['stage']}", "error": rec["error"], "counter": rec.get("counter")})
+            row["failures"].append({"op": f"control {rec['stage']}", "error": rec["error"],
+                                    "counter": rec.get("counter")})
         else:
             subject = rec["session"]
     if subject is not None:

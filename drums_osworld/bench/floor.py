@@ -161,22 +161,13 @@ def run_floor(opts) -> dict:
                 [r] = sup.restore(snap.id)
             timeline = criu_timeline(logs[0]) if logs else {}
             # checkpoints that keep the desktop running: at the engine's log level, then one at level 4
-            orig_dump = criu.dump
-
-            def dump_timed(*a, **k):
-                res = orig_dump(*a, **k)
-                dump_criu.append(res.seconds)
-                return res
-
-            criu.dump = dump_timed
-            try:
+            with inprocess.dump_seconds(criu) as seen:
                 for i in range(n_dumps):
                     t0 = time.perf_counter()
                     sup.checkpoint(r.id, name=f"floor-lr{i}", leave_running=True)
                     dump_calls.append(time.perf_counter() - t0)
                     bar.update()
-            finally:
-                criu.dump = orig_dump
+            dump_criu.extend(seen)
             with inprocess.criu_level4(criu, "dump") as dump_logs:
                 sup.checkpoint(r.id, name="floor-lr-v4", leave_running=True)
             dump_split = dump_timeline(dump_logs[0]) if dump_logs else {}

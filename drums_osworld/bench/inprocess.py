@@ -36,17 +36,37 @@ def supervisor(inst, cleanup: dict) -> Iterator[Any]:
         cleanup.update(holder.stop())
 
 
-def writer_snapshot(sup, name: str):
-    """A cold Writer desktop after the Writer task's setup, checkpointed (it is consumed) as ``name``."""
+def writer_snapshot(sup, name: str, image: str | None = None):
+    """A cold Writer desktop (of ``image``, default the desktop's default) after the Writer task's
+    setup, checkpointed (it is consumed) as ``name``."""
     from drums_osworld.desktop import desktop_spec
     from drums_osworld.evaluation import run_task_setup
     from drums_osworld.guest.client import GuestClient
 
-    s = sup.create(desktop_spec())
+    s = sup.create(desktop_spec() if image is None else desktop_spec(image=image))
     run_task_setup(common.WRITER_TASK, GuestClient(s.address, 5000), strict=True)
     common.wait_agent_ready(s.display, time.monotonic())
     time.sleep(0.5)
     return sup.checkpoint(s.id, name=name)
+
+
+@contextlib.contextmanager
+def dump_seconds(criu_mod) -> Iterator[list[float]]:
+    """While active, the seconds of each of the engine's ``criu.dump`` calls (CRIU's dump alone)
+    are collected in the list it yields."""
+    orig = criu_mod.dump
+    seen: list[float] = []
+
+    def timed(*a, **k):
+        res = orig(*a, **k)
+        seen.append(res.seconds)
+        return res
+
+    criu_mod.dump = timed
+    try:
+        yield seen
+    finally:
+        criu_mod.dump = orig
 
 
 @contextlib.contextmanager

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from pathlib import Path
 
 from . import common, inprocess
 from ..progress import progress
@@ -67,18 +66,6 @@ def _arm(arm: str):
         criu.FILE_VALIDATION = saved
 
 
-def _writer_snapshot(sup, image: str, name: str):
-    from drums_osworld.desktop import desktop_spec
-    from drums_osworld.evaluation import run_task_setup
-    from drums_osworld.guest.client import GuestClient
-
-    s = sup.create(desktop_spec(image=image))
-    run_task_setup(common.WRITER_TASK, GuestClient(s.address, 5000), strict=True)
-    common.wait_agent_ready(s.display, time.monotonic())
-    time.sleep(0.5)
-    return sup.checkpoint(s.id, name=name)
-
-
 def _restore(sup, snap) -> dict:
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
@@ -94,21 +81,10 @@ def _restore(sup, snap) -> dict:
 def _checkpoint(sup, held, i: int) -> dict:
     from drums_core.session import criu
 
-    seen: list[float] = []
-    orig = criu.dump
-
-    def timed(*a, **k):
-        res = orig(*a, **k)
-        seen.append(res.seconds)
-        return res
-
-    criu.dump = timed
-    try:
+    with inprocess.dump_seconds(criu) as seen:
         t0 = time.perf_counter()
         snap = sup.checkpoint(held.id, name=f"costs-lr{i}", leave_running=True)
         call = time.perf_counter() - t0
-    finally:
-        criu.dump = orig
     sup.keeper.delete(snap.id)
     return {"call": call, "criu": seen[-1] if seen else None}
 
@@ -127,7 +103,7 @@ def run_restore_costs(opts) -> dict:
     try:
         with inprocess.supervisor(inst, cleanup) as sup:
             for img in images:
-                snap = _writer_snapshot(sup, img, f"costs-{img}")
+                snap = inprocess.writer_snapshot(sup, f"costs-{img}", image=img)
                 [held] = sup.restore(snap.id)
                 bar.update()
                 for i in range(n):
@@ -157,7 +133,8 @@ def _report(opts, host, instance, n, rows, failures, cleanup) -> dict:
         stats[img] = {}
         for arm in ARMS:
             rs, cs = rows[img][arm]["restore"], rows[img][arm]["checkpoint"]
-            st = {"restore_call_s": summary([r["call"] for r in rs]), "restore_criu_s": summary([r["criu"] for r in rs]),
+            st = {"restore_call_s": summary([r["call"] for r in rs]),
+                  "restore_criu_s": summary([r["criu"] for r in rs]),
                   "restore_cpu_s": summary([r["cpu"] for r in rs]),
                   "checkpoint_call_s": summary([c["call"] for c in cs]),
                   "dump_s": summary([c["criu"] for c in cs if c["criu"] is not None])}
