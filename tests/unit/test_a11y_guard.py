@@ -13,10 +13,17 @@ from tests.support.osworld_harness import run_osworld
 from drums_osworld.guest.a11y_guard import EMPTY, contain
 from drums_osworld.guest.a11y_xml import NS, Node, cp, st
 
-FILTER = """
+# filter_nodes over the raw tree (did the payload run?), then over the contained one
+TWICE = """
+import os
 import xml.etree.ElementTree as ET
 from mm_agents.accessibility_tree_wrap.heuristic_retrieve import filter_nodes
-emit([n.get("name") for n in filter_nodes(ET.fromstring(open(XML_PATH).read()), platform="ubuntu")])
+filter_nodes(ET.fromstring(open(RAW).read()), platform="ubuntu")
+ran_raw = os.path.exists(FLAG)
+if ran_raw:
+    os.unlink(FLAG)
+kept = [n.get("name") for n in filter_nodes(ET.fromstring(open(SAFE).read()), platform="ubuntu")]
+emit([ran_raw, os.path.exists(FLAG), kept])
 """
 
 
@@ -46,15 +53,14 @@ def test_code_in_coordinates_is_removed_before_an_agent_evals_it(tmp_path):
     xml = xml.replace('cp:size="(10, 10)"', f'zz:size="{payload}"', 1)
     raw = tmp_path / "raw.xml"
     raw.write_text(xml)
-    run_osworld(f"XML_PATH = {str(raw)!r}\n" + FILTER)
-    assert flag.exists(), "OSWorld's filter_nodes did not eval the desktop's value (the threat is gone?)"
-    flag.unlink()
     got = contain(xml, 10**6)
     assert len(got.removed) == 2 and not got.cut
     safe = tmp_path / "safe.xml"
     safe.write_text(got.xml)
-    kept = run_osworld(f"XML_PATH = {str(safe)!r}\n" + FILTER)
-    assert not flag.exists()
+    # one OSWorld interpreter (its import is the test's cost): the raw tree, then the contained one
+    ran_raw, ran_safe, kept = run_osworld(f"FLAG, RAW, SAFE = {str(flag)!r}, {str(raw)!r}, {str(safe)!r}\n" + TWICE)
+    assert ran_raw, "OSWorld's filter_nodes did not eval the desktop's value (the threat is gone?)"
+    assert not ran_safe and not flag.exists()
     assert kept == ["b2"]  # b0 lost its size, b1 its position: filter_nodes drops them; b2 is intact
     assert ET.fromstring(got.xml).find(".//push-button").get("name") == "b0"
 
