@@ -46,6 +46,10 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
         pytest.fail(f"this test needs the CRIU binary at {criu.CRIU_BIN} (scripts/provision installs it)")
     dirs = [tmp_path / "a", tmp_path / "b"]
     fds, comms = [], []
+    # a descriptor some library of the daemon opened without close-on-exec (Ray's core does)
+    leaky = os.open(tmp_path / "leaky", os.O_CREAT | os.O_WRONLY, 0o600)
+    os.set_inheritable(leaky, True)
+    fds.append(leaky)
     try:
         for d in dirs:
             d.mkdir()
@@ -62,6 +66,12 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
         own = [_swrk_socket(c.swrk) for c in comms]
         assert all(t.startswith("socket:") for t in own), own
         assert own[0] in a and own[1] not in a and own[1] in b and own[0] not in b, (own, a, b)
+        # and nothing else of this process (a worker that ran Ray holds log files Ray opened without
+        # close-on-exec: a CRIU started the way pycriu starts it inherits them)
+        ours = _held(os.getpid())
+        assert str(tmp_path / "leaky") in ours
+        for held, mine in ((a, {own[0], str(dirs[0])}), (b, {own[1], str(dirs[1])})):
+            assert not (held - mine) & ours, f"a CRIU holds this process's {(held - mine) & ours}"
     finally:
         for c in comms:
             c.disconnect()  # CRIU sees its socket close and exits; disconnect reaps it

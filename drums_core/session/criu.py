@@ -7,7 +7,6 @@ nowhere else.
 from __future__ import annotations
 
 import logging
-import fcntl
 import os
 import re
 import socket
@@ -199,6 +198,9 @@ class _Watchdog:
             self._timer.cancel()
 
 
+MAX_FD = 1 << 20  # above any descriptor a process here may hold (fs.nr_open)
+
+
 class _Swrk(_pycriu_mod._criu_comm_bin):
     """``criu swrk`` started the way pycriu starts it, except that:
 
@@ -206,7 +208,9 @@ class _Swrk(_pycriu_mod._criu_comm_bin):
       ``--manage-cgroups=ignore`` CRIU leaves restored tasks where ``criu swrk`` runs, so the restored
       tree is born in the group);
     * no descriptor is ever inheritable in the daemon: CRIU's end of the socket and the
-      ``inherit`` descriptors (its work directory) are made inheritable in the forked child alone.
+      ``inherit`` descriptors (its work directory) are made inheritable in the forked child alone,
+      which closes every other one (a library's descriptor opened without close-on-exec too)
+      before it tells its pid, so not even the moment between fork and exec holds another's;
       pycriu clears close-on-exec in the parent, so another thread's CRIU started meanwhile inherited
       them: it held another session's work directory, and that session's teardown (which kills
       every process holding a file under its directory) SIGKILLed it mid-restore (CI: a neighbour's
@@ -230,7 +234,13 @@ class _Swrk(_pycriu_mod._criu_comm_bin):
                     fd = os.open(path, os.O_WRONLY)
                     os.write(fd, b"0")
                     os.close(fd)
-                for fd in (css[0].fileno(), *self._inherit):
+                keep = sorted({css[0].fileno(), *self._inherit})
+                low = 3  # every other descriptor goes before the pid is told, inheritable or not
+                for fd in keep:
+                    os.closerange(low, fd)
+                    low = fd + 1
+                os.closerange(low, MAX_FD)
+                for fd in keep:
                     os.set_inheritable(fd, True)
                 for fd in (0, 1, 2):
                     os.close(fd)
