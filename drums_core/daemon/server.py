@@ -24,7 +24,7 @@ import time
 from .. import protocol
 from ..config import Instance, check_name
 from ..errors import DrumsError
-from ..host import criu_cache, kernel_budget, linux
+from ..host import kernel_budget, linux
 from ..host.kernel_budget import SESSION_PIDS
 from ..session import faults
 from ..session.supervisor import Supervisor
@@ -229,8 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, filename=str(instance.log_file),
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
-    # CRIU's kernel-feature cache, once per boot on a host whose /run is no tmpfs (host/criu_cache.py)
-    log.info("criu kdat cache: %s", json.dumps(criu_cache.ensure()))
     if os.environ.get("DRUMS_KSM") == "1":
         # Inherited over fork and exec: every session this daemon launches and every task CRIU
         # restores (forked from its criu swrk child) is KSM-mergeable. Whether ksmd runs

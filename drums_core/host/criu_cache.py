@@ -7,11 +7,13 @@ run, but it *writes* the file only when ``/run`` is a tmpfs (so that a reboot, m
 kernel, clears it); it *loads* the file wherever it is. On a host whose ``/run`` is a disk
 directory (these machines), CRIU therefore probes on every run.
 
-:func:`ensure` (the daemon, at start) makes the cache there once per boot: ``criu check`` runs in
-a mount namespace of its own whose ``/run`` is a fresh tmpfs, and the file it wrote is installed as
+:func:`ensure` (every supervisor, before its first CRIU call) makes the cache there once per
+boot: ``criu check`` runs in a mount namespace of its own whose ``/run`` is a fresh tmpfs, and the
+file it wrote is installed as
 ``/run/criu.kdat`` (written to a temporary name, then renamed). What Drums installed is recorded
 in :data:`RECORD` (boot id, kernel, CRIU version, the file's sha256); a cache of another boot,
-kernel or CRIU is made again, so CRIU never loads what another kernel said. A file Drums did not
+kernel or CRIU is made again before Drums' first CRIU call, so no call of Drums loads what
+another kernel said (a CRIU run by another tool before then could: the file persists on disk). A file Drums did not
 write (no record, or another digest) is left alone and reported. On a host whose ``/run`` is a
 tmpfs nothing is done: CRIU keeps its own cache there.
 
@@ -121,6 +123,7 @@ def ensure(criu_bin: Path = config.CRIU_BIN) -> dict:
                 return {"state": "kept", **ident}
             data = _generate(criu_bin)
             tmp = RUN / f".criu.kdat.drums-{os.getpid()}"
+            tmp.unlink(missing_ok=True)  # a process of this pid that died here (under the lock: not a live one's)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, data)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 from . import cgroups, display, faults, launch, netns, netpolicy, rootfs
-from ..host import bounded, images, linux
+from ..host import bounded, criu_cache, images, linux
 from ..config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -92,6 +92,10 @@ class Supervisor(CheckpointOps, RestoreOps):
         self.store = SnapshotStore(instance.snapshots_dir, spill_root=budget.spill_root)
         self.keeper = StoreKeeper(self.store, budget, self._stacked_on, instance.state_dir / "store-journal.jsonl")
         self.cgroups = cgroups.detect()
+        # CRIU's kernel-feature cache of this boot, before any CRIU call (host/criu_cache.py): also
+        # for a supervisor in a benchmark's process, and after a reboot that kept a disk /run's file
+        self.criu_cache = criu_cache.ensure()
+        log.info("criu kdat cache: %s", self.criu_cache)
         threading.Thread(target=self._watch_oom, name="oom-watch", daemon=True).start()
         self.nft_table = nft_table_name(self.run)
         self.ledger.record("nft", f"inet/{self.nft_table}", family="inet", name=self.nft_table)
