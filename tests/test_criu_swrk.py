@@ -20,6 +20,8 @@ import pytest
 
 from drums_core.session import criu
 
+from tests.support.wait import wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -29,6 +31,13 @@ def _held(pid: int) -> set[str]:
         with contextlib.suppress(OSError):
             out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
     return out
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def _swrk_socket(pid: int) -> str:
@@ -59,6 +68,8 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
             comm.connect(False)  # CRIU runs and waits for its request
             comms.append(comm)
             assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a CRIU call's descriptor is inheritable here"
+        for c in comms:  # its pid is told before the exec (after the child closed what it must not hold)
+            wait_until(lambda c=c: _exe(c.swrk) == os.path.realpath(criu.CRIU_BIN), 10, f"criu swrk {c.swrk} to exec")
         a, b = (_held(c.swrk) for c in comms)
         assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
         assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other's work directory: {a}, {b}"
