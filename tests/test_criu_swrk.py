@@ -11,13 +11,13 @@ and the daemon's copies stay close-on-exec.
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from pathlib import Path
 
 import pytest
 
+from drums_core.host import procs
 from drums_core.session import criu
 
 from tests.support.wait import wait_until
@@ -26,18 +26,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _held(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-    return out
-
-
-def _exe(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return None
+    """What every descriptor of ``pid`` points at, sockets included (``procs.proc_paths`` leaves them out)."""
+    return {t for fd in os.listdir(f"/proc/{pid}/fd") if (t := procs.readlink(f"/proc/{pid}/fd/{fd}"))}
 
 
 def _swrk_socket(pid: int) -> str:
@@ -69,7 +59,8 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
             comms.append(comm)
             assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a CRIU call's descriptor is inheritable here"
         for c in comms:  # its pid is told before the exec (after the child closed what it must not hold)
-            wait_until(lambda c=c: _exe(c.swrk) == os.path.realpath(criu.CRIU_BIN), 10, f"criu swrk {c.swrk} to exec")
+            wait_until(lambda c=c: procs.readlink(f"/proc/{c.swrk}/exe") == os.path.realpath(criu.CRIU_BIN), 10,
+                       f"criu swrk {c.swrk} to exec")
         a, b = (_held(c.swrk) for c in comms)
         assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
         assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other's work directory: {a}, {b}"

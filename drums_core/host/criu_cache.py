@@ -30,6 +30,7 @@ import subprocess
 from pathlib import Path
 
 from .. import config
+from . import linux, procs
 
 RUN = Path("/run")
 KDAT = RUN / "criu.kdat"
@@ -48,32 +49,16 @@ cat /run/criu.kdat
 
 def _run_is_tmpfs() -> bool:
     try:
-        return _fs_type(RUN) == TMPFS_MAGIC
+        return linux.statfs_type(RUN) == TMPFS_MAGIC
     except OSError:
         return False
 
 
-def _fs_type(path: Path) -> int:
-    import ctypes
-    import ctypes.util
-
-    class _Statfs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    buf = _Statfs()
-    if libc.statfs(str(path).encode(), ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(path))
-    return buf.f_type & 0xFFFFFFFF
-
-
 def _identity(criu_bin: Path) -> dict:
     """What a cache is valid for: this boot, this kernel, this CRIU."""
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     u = os.uname()
     out = subprocess.run([str(criu_bin), "--version"], capture_output=True, text=True, timeout=30, check=False)
-    return {"boot_id": boot, "kernel": f"{u.release} {u.version}", "criu": out.stdout.strip()}
+    return {"boot_id": procs.boot_id(), "kernel": f"{u.release} {u.version}", "criu": out.stdout.strip()}
 
 
 def _digest(path: Path) -> str | None:

@@ -92,5 +92,16 @@ def syncfs(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+class _Statfs(ctypes.Structure):  # struct statfs (x86_64): f_type first, 120 bytes in all
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
+
+
+def statfs_type(path: str | os.PathLike) -> int:
+    """The magic number of the filesystem that holds ``path`` (``statfs(2)``'s ``f_type``)."""
+    buf = _Statfs()
+    _check(_libc.statfs(os.fsencode(path), ctypes.byref(buf)), f"statfs {path}")
+    return buf.f_type & 0xFFFFFFFF
+
+
 def prctl(option: int, arg2: int = 0) -> int:
     return _check(_libc.prctl(option, ctypes.c_ulong(arg2), 0, 0, 0), f"prctl({option})")
