@@ -13,11 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
+
+from .warm_python import WarmPython, python_mode
 
 log = logging.getLogger("drums.guest")
 
@@ -35,6 +39,33 @@ class Result:
     returncode: int
     output: str
     error: str
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_until_eof(chunks: dict[int, list[bytes]], deadline: float) -> bool:
+    """Read the pipes of ``chunks`` until each is at its end (True) or ``deadline`` (False)."""
+    open_fds = [fd for fd in chunks]
+    with selectors.DefaultSelector() as sel:
+        for fd in open_fds:
+            sel.register(fd, selectors.EVENT_READ)
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+                    open_fds.remove(key.fd)
+    return True
 
 
 def _text(b: bytes | None) -> str:
@@ -72,6 +103,7 @@ class Runner:
         else:
             self.home = os.environ.get("HOME") or self._pw_home(self.uid) or "/"
         self.env = self._build_env()
+        self.warm = WarmPython(self._popen_kwargs(None))
         self._children: list[subprocess.Popen] = []
         self._exited: dict[int, int] = {}
         self._children_lock = threading.Lock()
@@ -148,7 +180,14 @@ class Runner:
     # -- running --------------------------------------------------------------------------------
     def run(self, command: list[str] | str, shell: bool, timeout: float,
             merge_stderr: bool = False, cwd: str | None = None) -> Result:
-        """Run to completion. Raises OSError (e.g. not found) or :class:`CommandTimeout`."""
+        """Run to completion. Raises OSError (e.g. not found) or :class:`CommandTimeout`. A command
+        that runs this guest's own Python (``python -c CODE``, ``python SCRIPT``) is a fork of the warm
+        interpreter (:mod:`.warm_python`) when it can be."""
+        mode = None if shell or isinstance(command, str) else python_mode(command, self.env.get("PATH", ""))
+        if mode is not None:
+            r = self._run_warm(mode, timeout, merge_stderr, cwd)
+            if r is not None:
+                return r
         p = subprocess.Popen(
             command, shell=shell, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
@@ -174,6 +213,52 @@ class Runner:
             p.wait()
             raise
         return Result(p.returncode, _text(out), _text(err))
+
+    def _run_warm(self, mode: tuple[str, str, list[str]], timeout: float, merge_stderr: bool,
+                  cwd: str | None) -> Result | None:
+        """:meth:`run` in a fork of the warm interpreter; None if it could not take the command."""
+        deadline = time.monotonic() + timeout
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = (None, None) if merge_stderr else os.pipe2(os.O_CLOEXEC)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        reads = [out_r] + ([err_r] if err_r is not None else [])
+        try:
+            pid = self.warm.spawn(*mode, cwd if cwd is not None else self.cwd(),
+                                  [null, out_w, err_w if err_w is not None else out_w])
+        except BaseException:
+            for fd in reads:
+                os.close(fd)
+            raise
+        finally:
+            for fd in (null, out_w, err_w):
+                if fd is not None:
+                    os.close(fd)
+        if pid is None:
+            for fd in reads:
+                os.close(fd)
+            return None
+        chunks: dict[int, list[bytes]] = {fd: [] for fd in reads}
+        timed_out = not _read_until_eof(chunks, deadline)
+        if timed_out:
+            _killpg(pid)
+            _read_until_eof(chunks, time.monotonic() + 5)  # what escaped the group keeps them: stop there
+        for fd in reads:
+            os.close(fd)
+        out = b"".join(chunks[out_r])
+        err = b"".join(chunks[err_r]) if err_r is not None else b""
+        if timed_out:
+            self.warm.wait(pid, 5)
+            raise CommandTimeout(timeout, _text(out), _text(err))
+        code = self.warm.wait(pid, max(0.0, deadline - time.monotonic()))
+        if code is None:
+            _killpg(pid)
+            if self.warm.wait(pid, 5) is None:
+                raise OSError(f"the warm interpreter ended before telling the exit status of {pid}")
+            raise CommandTimeout(timeout, _text(out), _text(err))
+        return Result(code, _text(out), _text(err))
+
+    def close(self) -> None:
+        self.warm.close()
 
     @staticmethod
     def _kill_group(p: subprocess.Popen) -> None:

@@ -57,6 +57,7 @@ class GuestState:
         self.reseed_lock = threading.Lock()
 
     def close(self) -> None:
+        self.runner.close()
         self.recorder.abort()
         self.xc.close()
         if self._own_workdir:
