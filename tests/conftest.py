@@ -89,8 +89,8 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(name)
         rest.append(item)
     paths = [_relpath(item, tests_dir) for item in rest]
-    units = [schedule.unit_of(f"{p}::{item.nodeid.split('::', 1)[-1]}") for p, item in zip(paths, rest)]
-    weights = dict(zip(units, schedule.unit_weights(paths)))
+    units = [schedule.unit_of(f"{p}::{item.nodeid.split('::', 1)[-1]}") for p, item in zip(paths, rest, strict=True)]
+    weights = dict(zip(units, schedule.unit_weights(paths), strict=True))
     first_seen: dict[str, int] = {}
     for i, u in enumerate(units):
         first_seen.setdefault(u, i)

@@ -8,9 +8,10 @@ go through :mod:`drums_core.host.bounded`; ownership by tag needs what the sessi
   ``--tag drums:<another instance's run>``. Every host scan -- ``procs.scan_processes``,
   ``hoststate.instance_leaks`` and the sweep (whose first step is its process discovery) -- stays
   under 0.5 s (of CPU, user and system: the reads of ``/proc`` are system time; wall time on a
-  loaded 2-CPU host measures the neighbours, and is printed only) and 50 MiB of growth (each measured in a fresh Python process: its ``VmHWM`` at the
-  end against its ``VmRSS`` before); the forged tag is not that instance's leak, nor ours, and the sweep
-  of that instance's dead run (a ledger the test makes) kills nothing of the session;
+  loaded 2-CPU host measures the neighbours, and is printed only) and 50 MiB of growth (each measured
+  in a fresh Python process: its ``VmHWM`` at the end against its ``VmRSS`` before); the forged tag
+  is not that instance's leak, nor ours, and the sweep of that instance's dead run (a ledger the
+  test makes) kills nothing of the session;
 * the guest's replies: the session's own server on the guest port (started by the session as the
   desktop user, as any desktop program can) answers the restore's reseed with 1 GiB, or one byte
   every 4 s. A restore of a snapshot of such a session fails with ``Unavailable``

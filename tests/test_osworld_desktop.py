@@ -120,9 +120,12 @@ def test_chromium_devtools_on_9222_survives_checkpoint_and_restore(client, oswor
             # a page in a new renderer, forked from the restored zygote, runs (Chromium 156 took a
             # memory protection key CRIU could not restore: every new renderer died with SIGTRAP)
             new = requests.put(f"http://{sib['address']}:9222/json/new?chrome://version", timeout=10).json()
-            wait_until(lambda: any(p["id"] == new["id"] and p["title"] == "About Version" for p in
-                                   requests.get(f"http://{sib['address']}:9222/json/list", timeout=10).json()),
-                       30, f"the new page's title in sibling {sib['id']}", **POLL)
+
+            def titled(page_id: str = new["id"], address: str = sib["address"]) -> bool:
+                return any(p["id"] == page_id and p["title"] == "About Version" for p in
+                           requests.get(f"http://{address}:9222/json/list", timeout=10).json())
+
+            wait_until(titled, 30, f"the new page's title in sibling {sib['id']}", **POLL)
             crashes = _guest(sib).execute("ls ~/.config/chromium/'Crash Reports'/pending 2>/dev/null",
                                           shell=True).output.split()
             assert not [c for c in crashes if c.endswith(".dmp")], f"Chromium crashed in sibling {sib['id']}: {crashes}"
@@ -185,7 +188,8 @@ def test_a_bus_activated_service_ending_after_restore_is_not_a_death(client):
     try:
         g = _guest(s)
         r = g.execute(["python", "-c", "import os; d = os.path.expanduser('~/.local/share/dbus-1/services'); "
-                       f"os.makedirs(d, exist_ok=True); open(d + '/org.drums.ShortLived.service', 'w').write({SHORT_SERVICE!r})"])
+                       "os.makedirs(d, exist_ok=True); "
+                       f"open(d + '/org.drums.ShortLived.service', 'w').write({SHORT_SERVICE!r})"])
         assert r.returncode == 0, r
         g.execute("dbus-send --session --type=method_call --dest=org.freedesktop.DBus / "
                   "org.freedesktop.DBus.ReloadConfig", shell=True)

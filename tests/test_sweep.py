@@ -295,7 +295,8 @@ def test_sweep_reaps_a_dead_run_and_spares_decoys(world):
     claims = ledger_claims(world.ledger_root, world.run)
     assert {m["mountpoint"] for m in before["mounts"][world.run]} >= {str(world.D / "t"), str(world.D / "t/root")}
     for m in before["mounts"][world.run]:
-        assert ownedpaths.within_any(m["mountpoint"], claims["paths"]) or m["mountpoint"].startswith(str(world.criu_tmp))
+        assert (ownedpaths.within_any(m["mountpoint"], claims["paths"])
+                or m["mountpoint"].startswith(str(world.criu_tmp)))
     assert len(before["tagged"][world.run]) == 2  # the tree's parent and its forked child
     assert world.ifname in before["links"] and {"family": "inet", "name": world.table} in before["nft_tables"]
 

@@ -93,10 +93,11 @@ class _LazyRestores:
         proc, t0, work_dir = self.servers[-1]
         try:
             proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             proc.kill()
             proc.wait()
-            raise common.BenchError("the lazy page server did not finish: " + _tail(work_dir / "lazy-pages.log"))
+            raise common.BenchError("the lazy page server did not finish: "
+                                    + _tail(work_dir / "lazy-pages.log")) from exc
         return time.monotonic() - t0
 
 

@@ -170,7 +170,8 @@ def dump_timeline(log: list[str]) -> dict:
                  "pages and after": round(x["end"] - (x["pages"] or x["end"]), 1)} for x in tasks]
     pages_total = sum(x["pages and after"] for x in per_task)
     return {"before first task": round(tasks[0]["start"], 1), "tasks": len(per_task),
-            "tasks fixed total": round(sum(x["fixed"] for x in per_task), 1), "tasks pages total": round(pages_total, 1),
+            "tasks fixed total": round(sum(x["fixed"] for x in per_task), 1),
+            "tasks pages total": round(pages_total, 1),
             "after last task (namespaces, images)": round(end - tasks[-1]["end"], 1), "end": round(end, 1),
             "floor without pages": round(end - pages_total, 1), "per task": per_task}
 

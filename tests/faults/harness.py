@@ -322,7 +322,8 @@ def instance_footprint(inst: Instance, exclude_pids: set[int] = frozenset()) -> 
         if not p.zombie and p.pid not in exclude_pids and any(t.startswith(prefix) for t in p.tags):
             out["processes"].append([p.pid, p.starttime, p.describe()])
     with contextlib.suppress(OSError, ValueError):
-        out["mounts"] = [m.mountpoint for m in mounttable.mounts_within(mounttable.read_mountinfo(), [str(inst.state_dir)])]
+        out["mounts"] = [m.mountpoint for m in
+                         mounttable.mounts_within(mounttable.read_mountinfo(), [str(inst.state_dir)])]
     out["links"] = sorted(_links() & {f"dvh{s}" for s in slots})
     table_prefix = "drums_" + inst.name.replace("-", "_") + "_"
     with contextlib.suppress(OSError):

@@ -176,7 +176,8 @@ def test_read_cmdline_keeps_whole_elements_within_its_cap():
 def test_a_tag_from_another_user_namespace_outside_drums_groups_counts_for_nobody():
     probe = subprocess.run(["unshare", "--user", "true"], capture_output=True)
     if probe.returncode != 0:
-        pytest.fail(f"this test needs unprivileged user namespaces, which are off here: {probe.stderr.decode().strip()}")
+        pytest.fail("this test needs unprivileged user namespaces, which are off here: "
+                    f"{probe.stderr.decode().strip()}")
     with _bomb(1 * MiB, "drums:unit-0123456789ab", prefix=["unshare", "--user"]) as outer:
         inner = next((p for p in procs.scan_processes().values() if p.ppid == outer or p.pid == outer
                       if p.claimed_tags), None)

@@ -59,7 +59,7 @@ def test_apply_records_the_value_found_before_it_raises_it(tmp_path, monkeypatch
     monkeypatch.setattr(kernel_budget, "RECORD", tmp_path / "host-limits.json")
     monkeypatch.setattr(kernel_budget, "_sysctl_path", lambda name: tmp_path / name.replace("/", "_"))
     needs = kernel_budget.needs(slots=2)
-    for name, (sysctl, need) in needs.items():
+    for sysctl, need in needs.values():
         (tmp_path / sysctl.replace("/", "_")).write_text(f"{need}\n")
     (tmp_path / "fs_inotify_max_user_instances").write_text("128\n")
     changed = kernel_budget.apply(slots=2)
@@ -72,14 +72,15 @@ def test_apply_records_the_value_found_before_it_raises_it(tmp_path, monkeypatch
 def test_a_limit_that_cannot_be_raised_is_not_recorded_and_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_budget, "RECORD", tmp_path / "host-limits.json")
     monkeypatch.setattr(kernel_budget, "_sysctl_path", lambda name: tmp_path / name.replace("/", "_"))
-    for name, (sysctl, need) in kernel_budget.needs(slots=2).items():
+    for sysctl, need in kernel_budget.needs(slots=2).values():
         (tmp_path / sysctl.replace("/", "_")).write_text(f"{need}\n")
     target = tmp_path / "fs_inotify_max_user_instances"
     target.write_text("128\n")
     target.chmod(0o444)
-    monkeypatch.setattr(kernel_budget, "_sysctl_path", lambda name: (tmp_path / "ro") if name.startswith("fs/inotify/max_user_i")
+    monkeypatch.setattr(kernel_budget, "_sysctl_path",
+                        lambda name: (tmp_path / "ro") if name.startswith("fs/inotify/max_user_i")
                         else tmp_path / name.replace("/", "_"))
-    (tmp_path / "ro").mkdir()  # writing a directory fails (IsADirectoryError), as a sysctl without the right fails
+    (tmp_path / "ro").mkdir()  # writing a directory fails (IsADirectoryError), as a sysctl without the right does
     monkeypatch.setattr(kernel_budget, "read_sysctl", lambda name: 128 if name.startswith("fs/inotify/max_user_i")
                         else int((tmp_path / name.replace("/", "_")).read_text()))
     with pytest.raises(kernel_budget.Unavailable) as e:

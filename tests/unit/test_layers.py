@@ -20,7 +20,8 @@ CORE_TOP = {"__init__", "client", "cli", "cli_registry", "errors", "config", "re
 CORE_LAYERS = {
     "daemon": {"server", "recovery", "purge"},
     "session": {"supervisor", "restore_steps", "init", "launch", "enter", "containment", "cgroups", "rootfs",
-                "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat", "cgroup_fs", "watched_dirs", "kernel_caps",
+                "display", "processes", "criu", "faults", "audit", "netns", "netpolicy", "nat", "cgroup_fs",
+                "watched_dirs", "kernel_caps",
                 "cgroup_kill", "cgroup_session", "cgroup_drivers"},
     "store": {"snapshots", "budget", "transfer"},
     "host": {"doctor", "hoststate", "linux", "procs", "safepath", "hostnet", "images", "image_spec", "image_store",

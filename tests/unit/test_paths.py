@@ -214,7 +214,8 @@ def test_read_own_mountinfo():
 
 
 def test_split_superopts_respects_escapes():
-    assert mounttable.split_superopts(r"rw,lowerdir=/a\,b:/c,upperdir=/u") == ["rw", r"lowerdir=/a\,b:/c", "upperdir=/u"]
+    assert mounttable.split_superopts(r"rw,lowerdir=/a\,b:/c,upperdir=/u") == \
+        ["rw", r"lowerdir=/a\,b:/c", "upperdir=/u"]
 
 
 # ------------------------------------------------------------------ what entries hold
