@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -186,6 +186,10 @@ def test_shift_ids_keeps_setuid_and_caps_never_follows_symlinks(tmp_path: Path) 
 
 
 # ---------------------------------------------------------------------------------- real builds
+# Each derived build copies the 1.4 GB default image (cp -a: ~10 CPU-s on this machine, no reflinks on
+# ext4), so the checks that need a user image share the few builds below: one image goes through
+# its whole life (build, no-op, a rebuild kept then swapped in, users, removal), and the interrupted
+# builds share one build that succeeds after them.
 def _user_spec(tmp_path: Path, name: str, commands: list[str] | None = None) -> Path:
     src = _hello(tmp_path)
     return _write_spec(tmp_path, {
@@ -215,19 +219,21 @@ def _build_in_background(spec: images.ImageSpec) -> tuple[threading.Thread, list
     return worker, errors
 
 
-def _wait_at_command(worker: threading.Thread, errors: list[BaseException], name: str, what: str) -> None:
-    """Wait until the build of ``name`` in ``worker`` has reached a command that touched /tmp/at-command."""
+def _wait_at_command(alive: Callable[[], bool], why_not: Callable[[], object], name: str, what: str) -> None:
+    """Wait until the build of ``name`` (running while ``alive()``) has reached a command that touched
+    /tmp/at-command."""
     def at_command() -> bool:
-        assert worker.is_alive(), f"{what} ended early: {errors}"
+        assert alive(), f"{what} ended early: {why_not()}"
         return any((d / "rootfs/tmp/at-command").exists() for d in image_store.stale_builds(name))
 
     wait_until(at_command, 600, f"{what} to reach its command", every=0.2)
 
 
 @contextmanager
-def _session_overlay(tmp_path: Path, name: str) -> Iterator[Path]:
-    """An overlay over the image, mounted as a session launcher mounts it (under images.mounting)."""
-    mnt = tmp_path / f"drums-image-test-{name}-{secrets.token_hex(2)}"
+def _session_overlay(tmp_path: Path, name: str, label: str | None = None) -> Iterator[Path]:
+    """An overlay over the image, mounted as a session launcher mounts it (under images.mounting);
+    its mount point is named after ``label`` (default: the image), which _cleanup finds."""
+    mnt = tmp_path / f"drums-image-test-{label or name}-{secrets.token_hex(2)}"
     for d in ("upper", "work", "merged"):
         (mnt / d).mkdir(parents=True)
     with images.mounting(name) as lower:
@@ -240,13 +246,74 @@ def _session_overlay(tmp_path: Path, name: str) -> Iterator[Path]:
         subprocess.run(["umount", str(mnt / "merged")], check=True)
 
 
+@contextmanager
+def _watching_base_copies(image_name: str) -> Iterator[list[tuple[int, bool]]]:
+    """Every ``cp -a`` of a build of ``image_name`` seen while the block runs, as (pid, whether it
+    runs in this process's mount namespace)."""
+    ours = os.stat("/proc/self/ns/mnt").st_ino
+    seen: list[tuple[int, bool]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if argv[:2] == [b"cp", b"-a"] and any(image_name.encode() in a for a in argv):
+                        seen.append((int(pid), os.stat(f"/proc/{pid}/ns/mnt").st_ino == ours))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
 @pytest.mark.timeout(1800)
-def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
-                                                 default_image: images.Manifest) -> None:
-    spec = images.load_spec(_user_spec(tmp_path, image_name))
+def test_build_user_image_shift_noop_rebuild_users_and_remove(tmp_path: Path, image_name: str,
+                                                               default_image: images.Manifest) -> None:
+    """One user image through its whole life, in two builds:
+
+    - The build: its manifest, its tree (ids shifted onto the session's range, setuid and file
+      capabilities kept, the spec's package, file and commands in), an unchanged spec a no-op
+      through the CLI, an image of another id base refused.
+    - The copy of a derived image's base mounts nothing, so it gets no mount namespace of its own:
+      one would hold a copy of every host mount for the copy's duration (run G: another worker's
+      copy held a test's unmounted overlay, and a rebuild was refused as IMAGE_IN_USE).
+    - A build step tries to change a host kernel setting, as tracker-miner-fs's maintainer script
+      does (``systemd-sysctl 30-tracker.conf`` set the host's ``fs.inotify.max_user_watches`` to
+      65,536 under the slots' need): refused, the host unchanged.
+    - A rebuild that finishes while a session has started on the image is kept, not swapped in; the
+      same build again, once no session uses the image, swaps the kept build in without building.
+    - users_of counts a namespace that lives on the image (a session's, pivoted into its overlay),
+      also once the host has unmounted the overlay; a copy of the host's table that still holds the
+      unmounted overlay (a CRIU restore or a session launch in flight: under the parallel lane one
+      made a rebuild fail as IMAGE_IN_USE) is no user. rm (and a forced build) is refused while an
+      overlay or a pivoted namespace uses the image, and removes it while only such a copy lives."""
+    knob = Path("/proc/sys/fs/inotify/max_queued_events")
+    before = knob.read_text()
+    spec = images.load_spec(_user_spec(tmp_path, image_name, commands=[
+        "echo from-a-command >/etc/drums-test/cmd.txt",
+        f"if echo {int(before) + 1} > {knob}; then echo wrote > /sysctl-probe; else echo refused > /sysctl-probe; fi"]))
     lines: list[str] = []
-    m = images.build(spec, progress=lines.append)
+    try:
+        with _watching_base_copies(image_name) as copies:
+            m = images.build(spec, progress=lines.append)
+        after = knob.read_text()
+    finally:
+        knob.write_text(before)
     assert any("shifting ids" in line for line in lines) and "done in" in lines[-1]
+    assert copies, "the copy of the base was never seen running"
+    assert all(same for _, same in copies), f"the copy ran in a mount namespace of its own: {copies[:3]}"
+    root = images.rootfs_path(image_name)
+    probe = (root / "sysctl-probe").read_text().strip()
+    assert (probe, after) == ("refused", before), \
+        f"a build step changed a host sysctl: {probe}, {before.strip()} -> {after.strip()}"
 
     # The manifest.
     assert m.name == image_name and m.base == "default" and m.id_base == config.ID_BASE
@@ -263,7 +330,6 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
     assert images.check_usable(image_name) == m
 
     # Ownership shifted onto the session's id range; setuid survived the chown.
-    root = images.rootfs_path(image_name)
     assert root == config.IMAGE_STORE / image_name / "rootfs"
     assert os.stat(root / "etc/passwd").st_uid == config.ID_BASE
     home = os.stat(root / "home/user")
@@ -295,20 +361,83 @@ def test_build_user_image_shift_noop_and_remove(tmp_path: Path, image_name: str,
         with pytest.raises(FailedPrecondition, match="id base"):
             images.check_usable(image_name)
 
-    # rm refuses while an overlay uses the image, then removes it.
-    with _session_overlay(tmp_path, image_name) as lower:
-        assert lower == root
-        with pytest.raises(FailedPrecondition, match="mounted by") as info:
+    spec, m = _rebuild_kept_while_a_session_started_then_swapped_in(tmp_path, image_name, m)
+    _users_refusals_and_removal(tmp_path, image_name, spec, m)
+
+
+def _rebuild_kept_while_a_session_started_then_swapped_in(tmp_path: Path, image_name: str,
+                                                          first: images.Manifest
+                                                          ) -> tuple[images.ImageSpec, images.Manifest]:
+    """A rebuild finished while a session started on the image is kept (the image in use is not
+    replaced), then swapped in by the same build once no session uses it; its spec and manifest."""
+    # The second build waits in its command until the test has started a "session" on the image.
+    spec = images.load_spec(_user_spec(tmp_path, image_name, commands=[
+        "touch /tmp/at-command; while [ ! -e /tmp/session-started ]; do sleep 0.2; done"]))
+    worker, errors = _build_in_background(spec)
+    try:
+        _wait_at_command(worker.is_alive, lambda: errors, image_name, "the rebuild")
+        with _session_overlay(tmp_path, image_name):
+            for d in image_store.stale_builds(image_name):
+                (d / "rootfs/tmp/session-started").touch()
+            worker.join(timeout=600)
+            assert len(errors) == 1 and isinstance(errors[0], FailedPrecondition), errors
+            assert "the new build is kept" in str(errors[0])
+            assert images.get(image_name) == first  # the image in use was not replaced
+            staged = config.IMAGE_STORE / f".staged-{image_name}"
+            assert (staged / "manifest.json").is_file() and not image_store.stale_builds(image_name)
+        # No session uses it any more: the same build again swaps the kept build in, no rebuild.
+        lines: list[str] = []
+        m = images.build(spec, progress=lines.append)
+        assert any("swapping in the kept build" in line for line in lines), lines
+        assert not any("copying image" in line for line in lines), f"the kept build was built again: {lines}"
+        assert m.spec_hash == images.spec_hash(spec) != first.spec_hash and images.get(image_name) == m
+        assert not staged.exists() and not image_store.stale_builds(image_name)
+        return spec, m
+    finally:
+        for d in image_store.stale_builds(image_name):  # never leave the worker waiting
+            (d / "rootfs/tmp").mkdir(parents=True, exist_ok=True)
+            (d / "rootfs/tmp/session-started").touch()
+        worker.join(timeout=600)
+
+
+def _users_refusals_and_removal(tmp_path: Path, image_name: str, spec: images.ImageSpec,
+                                m: images.Manifest) -> None:
+    """rm and a forced build are refused while an overlay uses the image, and rm while a namespace
+    pivoted into it lives; an unpivoted copy of the host's table is no user: rm (the CLI) then removes it."""
+    root = images.rootfs_path(image_name)
+    holders: list[subprocess.Popen] = []
+    try:
+        with _session_overlay(tmp_path, image_name) as lower:
+            assert lower == root
+            with pytest.raises(FailedPrecondition, match="mounted by") as info:
+                images.remove(image_name)
+            assert info.value.reason == "IMAGE_IN_USE"
+            with pytest.raises(FailedPrecondition, match="mounted by"):
+                images.build(spec, force=True)
+            assert images.get(image_name) == m and not image_store.stale_builds(image_name)
+            merged = next(p for p in _mount_points(os.getpid()) if f"drums-image-test-{image_name}-" in p)
+            for r in ("-", merged):  # one at a time: a holder that fails to start leaves none behind
+                holders.append(_namespace_holder(r))
+            copy, pivoted = holders
+            assert any(merged in p for p in _mount_points(copy.pid)), "the copy does not hold the overlay"
+        users = images.users_of(image_name)
+        assert users == [f"/ (overlay lower; {pivoted.pid})"], users
+        with pytest.raises(FailedPrecondition, match="IMAGE_IN_USE"):
             images.remove(image_name)
-        assert info.value.reason == "IMAGE_IN_USE"
-        with pytest.raises(FailedPrecondition, match="mounted by"):
-            images.build(spec, force=True)
-        assert images.get(image_name) == m and not image_store.stale_builds(image_name)
-    res = _images_cli("image", "rm", image_name)
-    assert res.returncode == 0, res.stderr
-    assert not (config.IMAGE_STORE / image_name).exists() and not image_store.stale_builds(image_name)
-    with pytest.raises(NotFound):
-        images.get(image_name)
+        pivoted.kill()
+        pivoted.wait()
+        assert any(merged in p for p in _mount_points(copy.pid)), "the copy let the overlay go"
+        assert images.users_of(image_name) == []
+        res = _images_cli("image", "rm", image_name)
+        assert res.returncode == 0, res.stderr
+        assert not (config.IMAGE_STORE / image_name).exists() and not image_store.stale_builds(image_name)
+        with pytest.raises(NotFound):
+            images.get(image_name)
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
 
 
 def _leftovers(build_dirs: list[Path]) -> list[str]:
@@ -327,10 +456,45 @@ def _leftovers(build_dirs: list[Path]) -> list[str]:
     return found
 
 
+def _build_process(spec_file: Path, err: Path) -> subprocess.Popen:
+    """``python -m drums_core.host.images build --spec`` in a process of its own, stderr to ``err``."""
+    with open(err, "w") as errf:
+        return subprocess.Popen([sys.executable, "-m", "drums_core.host.images", "build", "--spec", str(spec_file)],
+                                cwd=CHECKOUT, stderr=errf, stdout=subprocess.DEVNULL, text=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _assert_killed_build_left_no_image(image_name: str, when: str) -> list[Path]:
+    """The killed build left its .build-* directory, no image, and (soon) no process or mount."""
+    build_dirs = image_store.stale_builds(image_name)
+    assert build_dirs, f"the build interrupted at {when} left no .build-* directory (was it killed mid-way?)"
+    assert not (config.IMAGE_STORE / image_name).exists()
+    with pytest.raises(NotFound):
+        images.get(image_name)
+    # SIGKILL delivery is asynchronous
+    wait_until(lambda: not _leftovers(build_dirs), 10, "the killed build's leftovers to go", every=0.2)
+    return build_dirs
+
+
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("kill_at", ["copying image", "command 1/1"])
-def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
-        tmp_path: Path, image_name: str, default_image: images.Manifest, kill_at: str) -> None:
+def test_interrupted_builds_leave_no_image_and_the_next_build_succeeds(
+        tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
+    """A build SIGKILLed while it copies its base, and one SIGKILLed while a command runs in its
+    chroot (with that chroot's mounts), leave no image, no process and no mount: only their build
+    directories, which the next build of the name removes; that build succeeds.
+
+    The command of the second runs while a session's overlay of another image (``default``) is
+    mounted on the host, then unmounted: a build step runs in a mount namespace whose root is the
+    image's own, so the overlay is gone from it. With a chroot the step's namespace kept a copy of
+    every host mount: under the parallel lane another worker's apt-get held a test's overlay, and a
+    rebuild was refused as IMAGE_IN_USE. (users_of now passes over such unpivoted copies, so this
+    reads the step's own mount tables.)"""
+    # 1. Killed mid-way through the copy of its base.
     spec_file = _user_spec(tmp_path, image_name, commands=["sleep 600"])
     proc = subprocess.Popen([sys.executable, "-m", "drums_core.host.images", "build", "--spec", str(spec_file)],
                             cwd=CHECKOUT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -339,30 +503,48 @@ def test_interrupted_build_leaves_no_image_and_next_build_succeeds(
         assert proc.stderr is not None
         for line in proc.stderr:
             seen.append(line)
-            if kill_at in line:
+            if "copying image" in line:
                 break
         else:
-            pytest.fail(f"the build ended before {kill_at!r}: {''.join(seen)}")
-        time.sleep(3)  # mid-way: cp copying, or the chroot's sleep running with its mounts
+            pytest.fail(f"the build ended before it copied its base: {''.join(seen)}")
+        time.sleep(3)  # mid-way: cp copying
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    copy_dirs = _assert_killed_build_left_no_image(image_name, "the copy")
 
-    build_dirs = image_store.stale_builds(image_name)
-    assert build_dirs, "the interrupted build left no .build-* directory (was it killed mid-way?)"
-    assert not (config.IMAGE_STORE / image_name).exists()
-    with pytest.raises(NotFound):
-        images.get(image_name)
-    # SIGKILL delivery is asynchronous
-    wait_until(lambda: not _leftovers(build_dirs), 10, "the killed build's leftovers to go", every=0.2)
+    # 2. Killed while its command runs in the chroot, after an overlay was unmounted under it.
+    spec_file = _user_spec(tmp_path, image_name, commands=["touch /tmp/at-command; sleep 600"])
+    err = tmp_path / "build.err"
+    overlay_dir = f"drums-image-test-{image_name}-"
+    proc = None
+    try:
+        with _session_overlay(tmp_path, config.DEFAULT_IMAGE, label=image_name):
+            proc = _build_process(spec_file, err)
+            _wait_at_command(lambda: proc.poll() is None, lambda: err.read_text(), image_name, "the build")
+            assert any(overlay_dir in u for u in images.users_of(config.DEFAULT_IMAGE)), \
+                "the session overlay is not seen as a user"
+            step = _namespaces_of_descendants()
+            assert step, "the build step runs in no mount namespace of its own"
+        held = {pid: point for pid in step for point in _mount_points(pid) if overlay_dir in point}
+        assert not held, f"a build step's namespace holds the unmounted overlay: {held}"
+        assert proc.poll() is None, f"the build ended early: {err.read_text()}"
+    finally:
+        if proc is not None:
+            _kill(proc)
+    command_dirs = _assert_killed_build_left_no_image(image_name, "its command")
+    assert not any(d.exists() for d in copy_dirs)  # removed by the second build
 
+    # 3. The next build succeeds.
     spec = images.load_spec(_user_spec(tmp_path, image_name, commands=["true"]))
     m = images.build(spec)
     assert images.get(image_name) == m and (images.rootfs_path(image_name) / "usr/bin/tree").is_file()
-    assert not any(d.exists() for d in build_dirs)
+    assert not any(d.exists() for d in copy_dirs + command_dirs)
 
 
 def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name: str) -> None:
@@ -372,52 +554,6 @@ def test_build_of_a_missing_base_says_how_to_build_it(tmp_path: Path, image_name
         images.build(spec)
     assert not (config.IMAGE_STORE / image_name).exists() and not image_store.stale_builds(image_name)
     assert not list((config.IMAGE_STORE / ".locks").glob(f"{image_name}*"))  # nothing was created
-
-
-@pytest.mark.timeout(1800)
-def test_a_build_step_holds_no_copy_of_the_hosts_other_mounts(tmp_path: Path, image_name: str,
-                                                               default_image: images.Manifest) -> None:
-    """A build step runs in a mount namespace whose root is the image's own: a session's overlay of
-    another image, unmounted on the host while the step runs, is gone from it. With a chroot the
-    step's namespace kept a copy of every host mount: under the parallel lane another worker's
-    apt-get held a test's overlay, and a rebuild was refused as IMAGE_IN_USE. (users_of now passes
-    over such unpivoted copies, so this reads the step's own mount tables.)
-
-    The first build's step also tries to change a host kernel setting, as tracker-miner-fs's
-    maintainer script does (``systemd-sysctl 30-tracker.conf`` set the host's
-    ``fs.inotify.max_user_watches`` to 65,536 under the slots' need): refused, the host unchanged."""
-    knob = Path("/proc/sys/fs/inotify/max_queued_events")
-    before = knob.read_text()
-    try:
-        images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=[
-            f"if echo {int(before) + 1} > {knob}; then echo wrote > /sysctl-probe; else echo refused > /sysctl-probe; fi"])))
-        probe = (config.IMAGE_STORE / image_name / "rootfs/sysctl-probe").read_text().strip()
-        after = knob.read_text()
-    finally:
-        knob.write_text(before)
-    assert (probe, after) == ("refused", before), f"a build step changed a host sysctl: {probe}, {before.strip()} -> {after.strip()}"
-    other = f"{image_name}-b"
-    (tmp_path / "b").mkdir()
-    spec = images.load_spec(_user_spec(tmp_path / "b", other, commands=[
-        "touch /tmp/at-command; while [ ! -e /tmp/go-on ]; do sleep 0.2; done"]))
-    worker = None
-    try:
-        with _session_overlay(tmp_path, image_name):
-            overlay_dir = f"drums-image-test-{image_name}-"
-            worker, errors = _build_in_background(spec)
-            _wait_at_command(worker, errors, other, "the other build")
-            assert images.users_of(image_name), "the session overlay is not seen as a user"
-            step = _namespaces_of_descendants()
-            assert step, "the build step runs in no mount namespace of its own"
-        held = {pid: point for pid in step for point in _mount_points(pid) if overlay_dir in point}
-        assert not held, f"a build step's namespace holds the unmounted overlay: {held}"
-    finally:
-        if worker is not None:
-            for d in image_store.stale_builds(other):
-                (d / "rootfs/tmp/go-on").touch()
-            worker.join(timeout=600)
-        _cleanup(other)
-    assert not errors, errors
 
 
 def _namespaces_of_descendants() -> list[int]:
@@ -462,105 +598,6 @@ def _namespace_holder(root: str) -> subprocess.Popen:
         proc.stdout.close()
         pytest.fail(f"the holder of {root} did not start (exit {proc.returncode})")
     return proc
-
-
-@pytest.mark.timeout(1800)
-def test_a_pivoted_namespace_on_the_image_is_a_user_and_an_unpivoted_copy_is_not(
-        tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
-    """users_of counts a namespace that lives on the image (a session's, pivoted into its overlay),
-    also once the host has unmounted the overlay; a copy of the host's table that still holds the
-    unmounted overlay (a CRIU restore or a session launch in flight: under the parallel lane one
-    made a rebuild fail as IMAGE_IN_USE) is no user, and the image can be removed while it lives."""
-    images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
-    holders: list[subprocess.Popen] = []
-    try:
-        with _session_overlay(tmp_path, image_name):
-            merged = next(p for p in _mount_points(os.getpid()) if f"drums-image-test-{image_name}-" in p)
-            for root in ("-", merged):  # one at a time: a holder that fails to start leaves none behind
-                holders.append(_namespace_holder(root))
-            copy, pivoted = holders
-            assert any(merged in p for p in _mount_points(copy.pid)), "the copy does not hold the overlay"
-        users = images.users_of(image_name)
-        assert users == [f"/ (overlay lower; {pivoted.pid})"], users
-        with pytest.raises(FailedPrecondition, match="IMAGE_IN_USE"):
-            images.remove(image_name)
-        pivoted.kill()
-        pivoted.wait()
-        assert any(merged in p for p in _mount_points(copy.pid)), "the copy let the overlay go"
-        assert images.users_of(image_name) == []
-        images.remove(image_name)
-        with pytest.raises(NotFound):
-            images.get(image_name)
-    finally:
-        for proc in holders:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-
-
-@pytest.mark.timeout(1800)
-def test_the_copy_of_the_base_runs_in_the_hosts_mount_namespace(tmp_path: Path, image_name: str,
-                                                                 default_image: images.Manifest) -> None:
-    """The copy of a derived image's base mounts nothing, so it gets no mount namespace of its own:
-    one would hold a copy of every host mount for the copy's duration (run G: another worker's copy
-    held a test's unmounted overlay, and a rebuild was refused as IMAGE_IN_USE)."""
-    ours = os.stat("/proc/self/ns/mnt").st_ino
-    seen: list[tuple[int, bool]] = []
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-                try:
-                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                    if argv[:2] == [b"cp", b"-a"] and any(image_name.encode() in a for a in argv):
-                        seen.append((int(pid), os.stat(f"/proc/{pid}/ns/mnt").st_ino == ours))
-                except OSError:
-                    pass
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
-    finally:
-        done.set()
-        watcher.join()
-    assert seen, "the copy of the base was never seen running"
-    assert all(same for _, same in seen), f"the copy ran in a mount namespace of its own: {seen[:3]}"
-
-
-@pytest.mark.timeout(1800)
-def test_rebuild_finished_while_a_session_started_on_the_image_is_kept_then_swapped_in(
-        tmp_path: Path, image_name: str, default_image: images.Manifest) -> None:
-    first = images.build(images.load_spec(_user_spec(tmp_path, image_name, commands=["true"])))
-    # The second build waits in its command until the test has started a "session" on the image.
-    spec = images.load_spec(_user_spec(tmp_path, image_name, commands=[
-        "touch /tmp/at-command; while [ ! -e /tmp/session-started ]; do sleep 0.2; done"]))
-    worker, errors = _build_in_background(spec)
-    try:
-        _wait_at_command(worker, errors, image_name, "the rebuild")
-        with _session_overlay(tmp_path, image_name):
-            for d in image_store.stale_builds(image_name):
-                (d / "rootfs/tmp/session-started").touch()
-            worker.join(timeout=600)
-            assert len(errors) == 1 and isinstance(errors[0], FailedPrecondition), errors
-            assert "the new build is kept" in str(errors[0])
-            assert images.get(image_name) == first  # the image in use was not replaced
-            staged = config.IMAGE_STORE / f".staged-{image_name}"
-            assert (staged / "manifest.json").is_file() and not image_store.stale_builds(image_name)
-        # No session uses it any more: the same build again swaps the kept build in, no rebuild.
-        lines: list[str] = []
-        m = images.build(spec, progress=lines.append)
-        assert any("swapping in the kept build" in line for line in lines), lines
-        assert not any("copying image" in line for line in lines), f"the kept build was built again: {lines}"
-        assert m.spec_hash == images.spec_hash(spec) != first.spec_hash and images.get(image_name) == m
-        assert not staged.exists() and not image_store.stale_builds(image_name)
-    finally:
-        for d in image_store.stale_builds(image_name):  # never leave the worker waiting
-            (d / "rootfs/tmp").mkdir(parents=True, exist_ok=True)
-            (d / "rootfs/tmp/session-started").touch()
-        worker.join(timeout=600)
 
 
 def test_strip_dev_nodes_removes_only_the_images_own_top_level_nodes(tmp_path: Path) -> None:
