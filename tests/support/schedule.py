@@ -22,7 +22,7 @@ FILE_SECONDS = {
     "tests/test_tasks_local.py": 97,
     "tests/osworld/test_reuse.py": 93,
     "tests/test_engine.py": 87,
-    "tests/test_images.py": 84,
+    "tests/test_images.py": 45,
     "tests/test_a11y.py": 72,
     "tests/osworld/test_provider.py": 58,
     "tests/test_layer_chain.py": 50,
