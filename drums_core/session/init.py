@@ -4,8 +4,11 @@ Started by :mod:`drums_core.session.launch` inside the new namespaces with ``--t
 (the ledger's ownership mark). It reads the session spec from ``/etc/drums/session.json`` in the
 session root, brings up loopback, writes the user's X authority, then starts, in order: Xvfb on
 ``:0``, the window manager, the system D-Bus (when the spec asks), the session D-Bus (where dbus is
-installed) with the AT-SPI bus (when the spec asks for accessibility), and the spec's programs, each
-with the spec's ``env`` over the user's environment. CRIU dumps and restores this
+installed) with the AT-SPI bus (when the spec asks for accessibility), the desktop session (when the
+spec has one instead of a window manager: e.g. ``gnome-session``, which starts GNOME Shell), and the
+spec's programs, each with the desktop's and the spec's ``env`` over the user's environment. The
+window manager's (or the desktop's) ``_NET_SUPPORTING_WM_CHECK`` is waited for before anything
+that maps windows starts. CRIU dumps and restores this
 process with the rest of the tree; after a restore it simply goes on reaping.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ SPEC_PATH = "/etc/drums/session.json"
 LOG_DIR = "/run/drums"
 WM_SETTLE_SECONDS = 0.2
 BUS_TIMEOUT = 10.0
+DESKTOP_TIMEOUT = 60.0  # a desktop session's window manager up (GNOME Shell: ~0.5 s here, more on a busy host)
 AT_SPI_LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
 # Xauthority families (X11's Xauth.h): any host, and this host by name.
 _FAMILY_WILD, _FAMILY_LOCAL = 0xFFFF, 256
@@ -40,6 +44,7 @@ def _user_env(spec: dict) -> dict:
         "XAUTHORITY": f"{spec['home']}/.Xauthority",
         # toolkits export accessibility only when the session runs the AT-SPI bus
         **({} if spec.get("accessibility") else {"NO_AT_BRIDGE": "1"}),
+        **{str(k): str(v) for k, v in ((spec.get("desktop") or {}).get("env") or {}).items()},
         **{str(k): str(v) for k, v in (spec.get("env") or {}).items()},
     }
 
@@ -96,15 +101,24 @@ def _wait_path(path: str, timeout: float) -> bool:
     return False
 
 
-def _wait_wm(spec: dict, timeout: float) -> bool:
-    """Programs mapped before the window manager owns the screen stay unmanaged: wait for it."""
+def _xprop(env: dict, *args: str) -> str:
+    return subprocess.run(["xprop", *args], env=env, capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL).stdout
+
+
+def _wait_wm(spec: dict, timeout: float, name: str = "") -> bool:
+    """Programs mapped before the window manager owns the screen stay unmanaged: wait for it (and,
+    given ``name``, for the check window's ``_NET_WM_NAME`` to be that: mutter advertises "GNOME Shell")."""
     deadline = time.monotonic() + timeout
     env = _user_env(spec)
     while time.monotonic() < deadline:
-        out = subprocess.run(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"], env=env, capture_output=True,
-                             text=True, check=False, stdin=subprocess.DEVNULL)
-        if "window id" in out.stdout:
-            return True
+        out = _xprop(env, "-root", "_NET_SUPPORTING_WM_CHECK")
+        if "window id" in out:
+            if not name:
+                return True
+            check = out.split("#")[-1].strip().split()[0]
+            if f'"{name}"' in _xprop(env, "-id", check, "_NET_WM_NAME"):
+                return True
         time.sleep(0.02)
     return False
 
@@ -125,10 +139,12 @@ def main() -> None:
                    stderr=subprocess.DEVNULL, check=False)
     _write_xauthority(spec)
     w, h = spec["screen"]
+    desktop = spec.get("desktop") or {}
+    extensions = [arg for ext in ["XFIXES", *desktop.get("x_extensions", [])] for arg in ("+extension", ext)]
     _start("xvfb", ["Xvfb", ":0", "-screen", "0", f"{w}x{h}x24", "-nolisten", "tcp", "-ac", "-noreset",
-                    "+extension", "XFIXES"], spec, as_user=False)
+                    *extensions], spec, as_user=False)
     _wait_path("/tmp/.X11-unix/X0", 20)
-    if spec.get("window_manager"):
+    if spec.get("window_manager") and not desktop:
         _start("wm", [spec["window_manager"]], spec, as_user=True)
         _wait_wm(spec, 20)
         # openbox advertises itself before it handles requests; an Xt client (xterm) that maps in
@@ -151,6 +167,11 @@ def main() -> None:
             # started now, not on the first application's request: every desktop has its a11y bus
             # (and its registry) before anything is checkpointed, so siblings each restore their own
             _start("at-spi", [AT_SPI_LAUNCHER, "--launch-immediately"], spec, as_user=True)
+    if desktop:
+        # a session manager with its own window manager (gnome-session: GNOME Shell, the settings
+        # daemons), on the buses above; the spec's programs start once its window manager is up
+        _start("desktop", list(desktop["argv"]), spec, as_user=True)
+        _wait_wm(spec, DESKTOP_TIMEOUT, desktop.get("wm_name", ""))
     for prog in spec.get("programs", []):
         _start(prog["name"], prog["argv"], spec, as_user=prog.get("user", True), extra_env=prog.get("env"))
     while True:

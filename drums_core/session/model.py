@@ -34,13 +34,66 @@ class State(str, enum.Enum):
 SETTLED_AGE = 3.0
 
 
+# A desktop session's fields (``SessionSpec.desktop``): see :class:`SessionSpec`.
+DESKTOP_FIELDS = frozenset({"name", "argv", "env", "x_extensions", "wm_name"})
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+
+
+def _good_env(env: object, most: int = 64) -> bool:
+    return isinstance(env, dict) and len(env) <= most and all(
+        isinstance(k, str) and re.fullmatch(_ENV_NAME, k) and isinstance(v, str) and len(v) <= 4096
+        and "\0" not in v for k, v in env.items())
+
+
+def _check_desktop(desktop: object) -> None:
+    """``desktop`` is ``{}`` or a desktop session as :class:`SessionSpec` describes it (BAD_SPEC if not)."""
+    def bad(why: str) -> InvalidArgument:
+        return InvalidArgument(f"bad desktop: {why}", reason="BAD_SPEC")
+
+    if not isinstance(desktop, dict):
+        raise bad("a JSON object")
+    if not desktop:
+        return
+    unknown = set(desktop) - DESKTOP_FIELDS
+    if unknown:
+        raise bad(f"unknown fields {sorted(unknown)} (known: {sorted(DESKTOP_FIELDS)})")
+    name = desktop.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name):
+        raise bad(f"name {name!r}: lower-case letters, digits and - (e.g. gnome)")
+    argv = desktop.get("argv")
+    if not isinstance(argv, list) or not argv or len(argv) > 64 or not all(
+            isinstance(a, str) and a and len(a) <= 4096 and "\0" not in a for a in argv):
+        raise bad("argv: a non-empty list of at most 64 strings")
+    if not _good_env(desktop.get("env", {})):
+        raise bad("env: at most 64 NAME=value strings (names of letters, digits and _)")
+    ext = desktop.get("x_extensions", [])
+    if not isinstance(ext, list) or len(ext) > 8 or not all(
+            isinstance(e, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9-]{0,31}", e) for e in ext):
+        raise bad("x_extensions: at most 8 X extension names (e.g. GLX)")
+    wm_name = desktop.get("wm_name", "")
+    if not isinstance(wm_name, str) or len(wm_name) > 64 or "\0" in wm_name:
+        raise bad("wm_name: the window manager's name, at most 64 characters")
+
+
 @dataclass
 class SessionSpec:
-    """What a desktop is made of. ``programs`` are started by the session init after X and the WM."""
+    """What a desktop is made of. ``programs`` are started by the session init after X, the window
+    manager or desktop session, and the buses.
+
+    ``window_manager`` is a program the init starts right after Xvfb (``openbox`` by default; ``""``
+    for none). ``desktop``, when not empty, is a desktop session started instead, after the system
+    bus, the session bus and the AT-SPI bus (a session manager that brings its own window manager,
+    such as ``gnome-session``): ``{"name": ..., "argv": [...], "env": {...}, "x_extensions": [...],
+    "wm_name": ...}``: its program as the user, ``env`` in the environment of every program of the
+    session (under the spec's own ``env``), X extensions Xvfb enables for it (``GLX``), and the name
+    its window manager advertises (``_NET_SUPPORTING_WM_CHECK``'s ``_NET_WM_NAME``), which the init
+    waits for before it starts ``programs``. A spec with a desktop has no ``window_manager``.
+    """
 
     image: str = "default"
     screen: tuple[int, int] = (1920, 1080)
     window_manager: str = "openbox"
+    desktop: dict = field(default_factory=dict)
     dbus: bool = True
     system_bus: bool = False  # a system D-Bus in the session (timedatectl and other system services)
     accessibility: bool = False  # the AT-SPI bus, and toolkits export their accessibility trees to it
@@ -78,14 +131,19 @@ class SessionSpec:
             if not (64 <= int(w) <= 8192 and 64 <= int(h) <= 8192):
                 raise InvalidArgument(f"bad screen size {data['screen']}", reason="BAD_SPEC")
             data["screen"] = (int(w), int(h))
+        _check_desktop(data.get("desktop", {}))
+        if data.get("desktop") and "window_manager" not in data:
+            data["window_manager"] = ""  # the desktop session brings its own
         spec = cls(**data)
+        if spec.desktop and spec.window_manager:
+            raise InvalidArgument(f"a desktop session ({spec.desktop['name']}) brings "
+                                  f"its own window manager: window_manager must be empty, not "
+                                  f"{spec.window_manager!r}", reason="BAD_SPEC")
         check_name(spec.image, "image")
         for size in (spec.tmp_size, spec.shm_size, spec.run_size, spec.writable_size):
             if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
                 raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
-        if not isinstance(spec.env, dict) or len(spec.env) > 64 or not all(
-                isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", k) and isinstance(v, str)
-                and len(v) <= 4096 and "\0" not in v for k, v in spec.env.items()):
+        if not _good_env(spec.env):
             raise InvalidArgument("bad env: at most 64 NAME=value strings (names of letters, digits and _)",
                                   reason="BAD_SPEC")
         if not isinstance(spec.limits, dict) or set(spec.limits) - set(cgroups.Limits.__dataclass_fields__):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 from . import cgroups, display, faults, launch, netns, netpolicy, rootfs
-from ..host import bounded, criu_cache, images, linux
+from ..host import bounded, criu_cache, images, linux, safepath
 from ..config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH, SESSION_UID,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
@@ -184,7 +184,8 @@ class Supervisor(CheckpointOps, RestoreOps):
 
     def _init_spec(self, s: Session) -> dict:
         return {"uid": SESSION_UID, "user": SESSION_USER, "home": f"/home/{SESSION_USER}", "path": SESSION_PATH,
-                "screen": list(s.spec.screen), "window_manager": s.spec.window_manager, "dbus": s.spec.dbus,
+                "screen": list(s.spec.screen), "window_manager": s.spec.window_manager, "desktop": s.spec.desktop,
+                "dbus": s.spec.dbus,
                 "system_bus": s.spec.system_bus, "accessibility": s.spec.accessibility, "env": s.spec.env,
                 "programs": s.spec.programs, "session": s.id}
 
@@ -326,6 +327,7 @@ class Supervisor(CheckpointOps, RestoreOps):
             self._prepare_dirs(s)
             self._make_cgroup(s)
             self._mount_root(s, lowers)
+            self._check_desktop_program(s)
             rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE,
                                        json.dumps(self._init_spec(s)))
             if policy.nat:
@@ -359,6 +361,23 @@ class Supervisor(CheckpointOps, RestoreOps):
             if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
                 raise Unavailable(f"session start failed: {exc}", reason="START_FAILED") from exc
             raise
+
+    def _check_desktop_program(self, s: Session) -> None:
+        """A spec's desktop session (``SessionSpec.desktop``) starts only from an image that has its
+        program: else the session is not made (FailedPrecondition ``DESKTOP_MISSING``, naming both)."""
+        if not s.spec.desktop:
+            return
+        prog = s.spec.desktop["argv"][0]
+        rels = [prog] if "/" in prog else [f"{d}/{prog}" for d in SESSION_PATH.split(":")]
+        with safepath.root_fd(s.root) as rfd:
+            for rel in rels:
+                try:  # resolved inside the session root (its /bin is a symlink to usr/bin)
+                    os.close(safepath.openat2(rfd, rel.lstrip("/"), os.O_PATH, resolve=safepath.RESOLVE_IN_ROOT))
+                    return
+                except OSError:
+                    continue
+        raise FailedPrecondition(f"image {s.spec.image!r} has no {prog!r}: the desktop {s.spec.desktop['name']!r} "
+                                 f"cannot start there (build the image with it)", reason="DESKTOP_MISSING")
 
     def _launch(self, s: Session) -> int:
         spec = {"root": s.root, "uid": SESSION_UID, "hostname": s.hostname, "tag": self.tag, "session": s.id,
