@@ -254,6 +254,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     help="the desktop image (default: osworld; with --bare: default)")
     up.add_argument("--bare", action="store_true",
                     help="the engine's bare session: X, the window manager and --program only, no guest server")
+    up.add_argument("--desktop", default=None, metavar="NAME",
+                    help="what the desktop shows, as its provider names it (OSWorld's: openbox, the default, "
+                         "or gnome: GNOME Shell with its top bar and dock, on an image that has it); not with --bare")
     up.add_argument("--program", action="append", default=[], metavar="COMMAND", type=_shell_words,
                     help="a program to start in the session, as shell words (repeatable)")
     up.add_argument("--expect-window", default=None, metavar="TITLE",
@@ -390,6 +393,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             args.network_spec = from_options(args.network, args.upstream, args.dns, args.allow).to_spec()
         except DrumsError as exc:
             cmds["up"].error(f"bad network: {exc}")  # the message and its [REASON]
+        if args.bare and args.desktop:
+            cmds["up"].error("--desktop chooses the provider's desktop: not with --bare")
         if not args.bare and cli_registry.desktop() is None:
             cmds["up"].error(cli_registry.missing("the desktop `drums up` boots without --bare"))
     return args, []
@@ -458,7 +463,9 @@ def _up(args, client: Client) -> None:
         import importlib
 
         d = cli_registry.desktop()
-        spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs)
+        chosen = {"desktop": args.desktop} if args.desktop else {}  # a provider without choices takes none
+        spec, guest_port = getattr(importlib.import_module(d.module), d.function)((w, h), args.image, programs,
+                                                                                  **chosen)
     spec.update({"expect_window": args.expect_window, "screen": [w, h], "network": args.network_spec})
     s = client.create(spec).to_dict()  # a Session is read-only: the document gets the guest URL
     if guest_port is not None:

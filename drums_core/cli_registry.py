@@ -35,7 +35,9 @@ class Command:
 @dataclass(frozen=True)
 class Desktop:
     """What ``drums up`` boots without ``--bare``: ``module.function(screen, image, programs)`` returns
-    ``(session spec, guest port or None)``; ``image`` is None for the provider's default image."""
+    ``(session spec, guest port or None)``; ``image`` is None for the provider's default image. With
+    ``drums up --desktop NAME`` it is called with ``desktop=NAME`` too (the provider's names; an
+    unknown one is its ``InvalidArgument``)."""
 
     module: str
     function: str
