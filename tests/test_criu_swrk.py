@@ -30,6 +30,13 @@ def _held(pid: int) -> set[str]:
     return {t for fd in os.listdir(f"/proc/{pid}/fd") if (t := procs.readlink(f"/proc/{pid}/fd/{fd}"))}
 
 
+def _execed(pid: int) -> bool:
+    """``pid`` runs CRIU with its arguments in place: the kernel points ``/proc/<pid>/exe`` at the new
+    program before it has set up the new arguments (``cmdline`` reads empty for that moment)."""
+    return (procs.readlink(f"/proc/{pid}/exe") == os.path.realpath(criu.CRIU_BIN)
+            and len(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) >= 3)
+
+
 def _swrk_socket(pid: int) -> str:
     """The socket ``criu swrk <fd>`` was started with."""
     fd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2].decode()
@@ -59,8 +66,7 @@ def test_concurrent_criu_calls_inherit_only_their_own_work_directory(tmp_path: P
             comms.append(comm)
             assert _cloexec(fd) and _cloexec(comm.sk.fileno()), "a CRIU call's descriptor is inheritable here"
         for c in comms:  # its pid is told before the exec (after the child closed what it must not hold)
-            wait_until(lambda c=c: procs.readlink(f"/proc/{c.swrk}/exe") == os.path.realpath(criu.CRIU_BIN), 10,
-                       f"criu swrk {c.swrk} to exec")
+            wait_until(lambda c=c: _execed(c.swrk), 10, f"criu swrk {c.swrk} to exec")
         a, b = (_held(c.swrk) for c in comms)
         assert str(dirs[0]) in a and str(dirs[1]) in b, f"a CRIU lacks its own work directory: {a}, {b}"
         assert str(dirs[1]) not in a and str(dirs[0]) not in b, f"a CRIU holds the other's work directory: {a}, {b}"
