@@ -1,6 +1,7 @@
 """Overlay roots: the desktop image layer, per-session uppers, and freezing an upper into a layer."""
 from __future__ import annotations
 
+import compileall
 import hashlib
 import os
 import shutil
@@ -31,7 +32,8 @@ def ensure_tmpfs(path: Path, size: str = "50%") -> bool:
 
 
 def build_code_layer(parent: Path, owner: int) -> Path:
-    """The Drums code layer: this package's Python sources at ``GUEST_CODE`` inside every session.
+    """The Drums code layer: this package's Python sources (and their bytecode) at ``GUEST_CODE`` inside
+    every session.
 
     Laid over the image, so the session init and the guest server run from inside the session (the
     image's own Python, never the host's venv). Named by a hash of the sources, so a daemon of
@@ -55,6 +57,10 @@ def build_code_layer(parent: Path, owner: int) -> Path:
     for p, rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, dest / rel)
+    # with its bytecode: the layer is read-only in a session, where every session init, exec helper and
+    # guest server would otherwise compile what it imports at each start (the tag in the file names
+    # makes an image whose Python differs from this one's ignore them)
+    compileall.compile_dir(str(dest), quiet=1, workers=1)
     # the image's guest Python finds the code for every program of the session, agents' own included
     site = tmp / GUEST_SITE.lstrip("/")
     site.mkdir(parents=True)
