@@ -231,7 +231,9 @@ class Client:
                 ``LAUNCH_FAILED``, ``SESSION_DIED``, ``NOT_READY`` (the desktop did not get ready
                 within ``ready_timeout``); all rolled back, nothing is left.
             FailedPrecondition: ``CGROUP_UNAVAILABLE``, ``CONTROLLER_NOT_ENABLED`` (the host
-                cannot apply the limits).
+                cannot apply the limits); ``PROGRAM_MISSING``, ``DESKTOP_MISSING`` (the image has
+                no such program: the window manager, a program or the desktop session the spec
+                names; the message and ``detail["program"]`` name it).
         """
         return Session.from_dict(self._send("create", spec or {}))
 

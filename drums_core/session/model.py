@@ -154,8 +154,10 @@ class SessionSpec:
         except InvalidArgument as exc:
             raise InvalidArgument(exc.message, reason="BAD_SPEC") from exc
         for prog in spec.programs:
-            if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name"):
-                raise InvalidArgument(f"bad program entry {prog!r}", reason="BAD_SPEC")
+            if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name") \
+                    or not prog["argv"] or not all(isinstance(a, str) and a and "\0" not in a for a in prog["argv"]):
+                raise InvalidArgument(f"bad program entry {prog!r}: a name and a non-empty argv of strings",
+                                      reason="BAD_SPEC")
             check_name(prog["name"], "program name")
         spec.network = spec.network_policy().to_spec()
         return spec

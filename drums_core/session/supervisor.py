@@ -63,7 +63,13 @@ def _hex_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-
+def _exists_in(root_fd: int, rel: str) -> bool:
+    """Whether ``rel`` names something inside the root of ``root_fd`` (symlinks resolved within it)."""
+    try:
+        os.close(safepath.openat2(root_fd, rel.lstrip("/"), os.O_PATH, resolve=safepath.RESOLVE_IN_ROOT))
+        return True
+    except OSError:
+        return False
 
 class Supervisor(CheckpointOps, RestoreOps):
     """One per instance: owns every host-global resource; see the module's docstring."""
@@ -327,7 +333,7 @@ class Supervisor(CheckpointOps, RestoreOps):
             self._prepare_dirs(s)
             self._make_cgroup(s)
             self._mount_root(s, lowers)
-            self._check_desktop_program(s)
+            self._check_programs(s)
             rootfs.write_session_files(Path(s.root), s.hostname, s.machine_id, ID_BASE,
                                        json.dumps(self._init_spec(s)))
             if policy.nat:
@@ -356,28 +362,35 @@ class Supervisor(CheckpointOps, RestoreOps):
             return s
         except BaseException as exc:
             self._teardown(s)
+            if isinstance(exc, FailedPrecondition):  # the spec cannot start here: trying again would not help
+                raise FailedPrecondition(f"session start failed: {exc.message}", reason=exc.reason,
+                                         detail=exc.detail) from exc
             if isinstance(exc, DrumsError):
                 raise Unavailable(f"session start failed: {exc.message}", reason=exc.reason, detail=exc.detail) from exc
             if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
                 raise Unavailable(f"session start failed: {exc}", reason="START_FAILED") from exc
             raise
 
-    def _check_desktop_program(self, s: Session) -> None:
-        """A spec's desktop session (``SessionSpec.desktop``) starts only from an image that has its
-        program: else the session is not made (FailedPrecondition ``DESKTOP_MISSING``, naming both)."""
-        if not s.spec.desktop:
-            return
-        prog = s.spec.desktop["argv"][0]
-        rels = [prog] if "/" in prog else [f"{d}/{prog}" for d in SESSION_PATH.split(":")]
+    def _check_programs(self, s: Session) -> None:
+        """A session starts only from an image that has every program its spec names (found as the
+        session init finds it: a path, or a name on the session's PATH, resolved inside the session's
+        root, whose /bin is a symlink to usr/bin): else it is not made, with a reason naming the program
+        (FailedPrecondition ``DESKTOP_MISSING`` for the desktop session, ``PROGRAM_MISSING`` otherwise),
+        instead of a session init that died starting it."""
+        wanted: list[tuple[str, str, str]] = []  # (program, what it is, reason)
+        if s.spec.desktop:
+            wanted.append((s.spec.desktop["argv"][0], f"the desktop {s.spec.desktop['name']!r}", "DESKTOP_MISSING"))
+        elif s.spec.window_manager:
+            wanted.append((s.spec.window_manager, "the window manager", "PROGRAM_MISSING"))
+        for prog in s.spec.programs:
+            wanted.append((prog["argv"][0], f"the program {prog['name']!r}", "PROGRAM_MISSING"))
         with safepath.root_fd(s.root) as rfd:
-            for rel in rels:
-                try:  # resolved inside the session root (its /bin is a symlink to usr/bin)
-                    os.close(safepath.openat2(rfd, rel.lstrip("/"), os.O_PATH, resolve=safepath.RESOLVE_IN_ROOT))
-                    return
-                except OSError:
-                    continue
-        raise FailedPrecondition(f"image {s.spec.image!r} has no {prog!r}: the desktop {s.spec.desktop['name']!r} "
-                                 f"cannot start there (build the image with it)", reason="DESKTOP_MISSING")
+            for prog, what, reason in wanted:
+                rels = [prog] if "/" in prog else [f"{d}/{prog}" for d in SESSION_PATH.split(":")]
+                if not any(_exists_in(rfd, rel) for rel in rels):
+                    raise FailedPrecondition(f"image {s.spec.image!r} has no {prog!r}: {what} cannot start there "
+                                             "(build the image with it, or name a program it has)", reason=reason,
+                                             detail={"program": prog, "image": s.spec.image})
 
     def _launch(self, s: Session) -> int:
         spec = {"root": s.root, "uid": SESSION_UID, "hostname": s.hostname, "tag": self.tag, "session": s.id,
