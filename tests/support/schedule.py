@@ -49,6 +49,7 @@ FILE_SECONDS = {
     "tests/test_containment.py": 16,
     "tests/guest/test_osworld_compat.py": 14,
     "tests/osworld/test_setup_failure_osworld.py": 12,
+    "tests/test_gnome_desktop.py": 60,
 }
 
 # Files whose tests are handed out one by one: the two longest, whose tests share nothing but
