@@ -7,7 +7,9 @@ VLC (web interface on 8080, password ``password``), Thunderbird, nautilus, socat
 terminal on ctrl+alt+t, the GNOME settings schemas with dconf, the AT-SPI stack with ``pyatspi``,
 systemd's ``timedatectl`` answered by a D-Bus-activated ``systemd-timedated``, fonts metric-
 compatible with the Office ones, and the GTK3 LibreOffice front end (its accessibility tree).
-VS Code is not packaged for Debian: tasks that need it are reported apart.
+VS Code is not packaged for Debian: tasks that need it are reported apart. GNOME Shell as OSWorld's
+Ubuntu shows it (top bar, dash-to-dock, Settings, Yaru; :mod:`.gnome`, one definition shared with the
+images that try it), which a session shows when its spec asks for the ``gnome`` desktop.
 
 ``drums image build osworld`` builds it (the engine finds this spec through the
 ``drums.image_specs`` entry point); the provider, the gym env and ``drums up`` default to it.
@@ -17,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from drums_core.host.images import FileSpec, ImageSpec
+
+from . import gnome
 
 NAME = "osworld"
 BASE = "default"
@@ -33,7 +37,7 @@ PACKAGES = (
     "fonts-liberation2", "fonts-crosextra-carlito", "fonts-crosextra-caladea", "fonts-noto-core",
     "fonts-dejavu", "unzip", "zip", "curl", "bc", "gnome-settings-daemon-common", "totem",
     "librsvg2-common",
-)
+) + gnome.PACKAGES
 
 # The video types OSWorld's default_video_player getter asks xdg-mime about: on OSWorld's Ubuntu
 # they open in Videos (totem), so a task that makes VLC the default starts from there.
@@ -100,6 +104,7 @@ COMMANDS = (
     "install -m 0644 /usr/local/share/drums/pulse-volume.pa /etc/pulse/default.pa.d/drums-volume.pa",
     "printf '[Default Applications]\\n' >/etc/xdg/mimeapps.list && for t in "
     + " ".join(VIDEO_TYPES) + "; do echo \"video/$t=org.gnome.Totem.desktop\" >>/etc/xdg/mimeapps.list; done",
+    *gnome.COMMANDS,
     "rm -rf /usr/local/share/drums",
 )
 
@@ -115,6 +120,7 @@ def osworld_spec() -> ImageSpec:
         FileSpec(str(FILES / "pulse-volume.pa"), "/usr/local/share/drums/pulse-volume.pa", 0o644),
         FileSpec(str(FILES / "registrymodifications.xcu"), "/usr/local/share/drums/registrymodifications.xcu",
                  0o644),
+        *gnome.files(),
     )
     return ImageSpec(name=NAME, base=BASE, packages=PACKAGES, files=files, commands=COMMANDS)
 
