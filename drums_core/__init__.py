@@ -23,7 +23,8 @@ Public names:
   :mod:`drums_core.records`), and :func:`json_default` to ``json.dumps`` documents holding them;
 - the errors: :class:`DrumsError` and its subclasses :class:`Unavailable`, :class:`Busy`,
   :class:`FailedPrecondition`, :class:`NotFound`, :class:`InvalidArgument`, :class:`Internal`
-  (their contracts are in :mod:`drums_core.errors`).
+  (their contracts are in :mod:`drums_core.errors`), and :class:`Reason`, the registry of the
+  ``reason`` codes they carry (what each means, whether to retry; :mod:`drums_core.reasons`).
 
 Everything else (the supervisor, CRIU, rootfs, networking, the sweep) is the daemon's inside.
 """
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .lazy import lazy_exports
+from .reasons import Reason
 from .records import ExecResult, Process, Session, Snapshot, Window, json_default
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ __all__ = [
     "NotFound",
     "InvalidArgument",
     "Internal",
+    "Reason",
 ]
 
 

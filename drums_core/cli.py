@@ -16,6 +16,7 @@ import sys
 from . import cli_registry, protocol
 from .client import Client
 from .errors import DrumsError
+from .reasons import Reason
 from .records import json_default
 
 
@@ -428,7 +429,7 @@ def _main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. the screenshot's file cannot be written
         from .errors import Unavailable
 
-        return report_error(Unavailable(str(exc), reason="OS_ERROR"), args.json, f"drums {args.cmd}", status)
+        return report_error(Unavailable(str(exc), reason=Reason.OS_ERROR), args.json, f"drums {args.cmd}", status)
 
 
 def _run(args, client: Client) -> int:

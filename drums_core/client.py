@@ -23,6 +23,7 @@ from typing import Any
 from . import protocol
 from .config import VENV, Instance, instance_from_env
 from .errors import DrumsError, Unavailable
+from .reasons import Reason
 from .records import ExecResult, Process, Session, Snapshot, Window
 
 
@@ -72,17 +73,17 @@ def start_daemon(instance: Instance, env: dict | None = None, *, wait: float = 6
                                     start_new_session=True, cwd="/")
         if detach and proc.wait(timeout=30) != 0:
             raise Unavailable(f"could not start drumsd for {instance.name}: setsid exited {proc.returncode}",
-                              reason="DAEMON_START_FAILED")
+                              reason=Reason.DAEMON_START_FAILED)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if _answers(instance):
                 return
             if not detach and proc.poll() is not None:
                 raise Unavailable(f"drumsd exited with {proc.returncode}: {_stderr_tail(instance)}",
-                                  reason="DAEMON_START_FAILED")
+                                  reason=Reason.DAEMON_START_FAILED)
             time.sleep(0.05)
         raise Unavailable(f"drumsd ({instance.name}) did not answer within {wait}s; stderr: {_stderr_tail(instance)}",
-                          reason="DAEMON_START_FAILED")
+                          reason=Reason.DAEMON_START_FAILED)
     finally:
         os.close(lock)
 
@@ -155,7 +156,7 @@ class Client:
             sk = self._connect()
         except (FileNotFoundError, ConnectionRefusedError):
             if not self.autostart:
-                raise Unavailable(f"drumsd ({self.instance.name}) is not running", reason="DAEMON_DOWN") from None
+                raise Unavailable(f"drumsd ({self.instance.name}) is not running", reason=Reason.DAEMON_DOWN) from None
             self.start_daemon()
             sk = self._connect()
         try:
@@ -164,12 +165,12 @@ class Client:
             while not buf.endswith(protocol.FRAME_END):
                 chunk = sk.recv(1 << 20)
                 if not chunk:
-                    raise Unavailable(f"drumsd closed the connection during {op}", reason="DAEMON_DIED")
+                    raise Unavailable(f"drumsd closed the connection during {op}", reason=Reason.DAEMON_DIED)
                 buf += chunk
         except socket.timeout as exc:
-            raise Unavailable(f"drumsd did not answer {op} within {self.timeout}s", reason="TIMEOUT") from exc
+            raise Unavailable(f"drumsd did not answer {op} within {self.timeout}s", reason=Reason.TIMEOUT) from exc
         except (ConnectionResetError, BrokenPipeError) as exc:
-            raise Unavailable(f"drumsd connection lost during {op}: {exc}", reason="DAEMON_DIED") from exc
+            raise Unavailable(f"drumsd connection lost during {op}: {exc}", reason=Reason.DAEMON_DIED) from exc
         finally:
             sk.close()
         return protocol.decode_reply(buf)
@@ -517,7 +518,7 @@ class Client:
         try:
             self._send("shutdown", destroy_sessions)
         except Unavailable as exc:
-            if exc.reason != "DAEMON_DIED":  # it may exit before its reply is flushed
+            if exc.reason != Reason.DAEMON_DIED:  # it may exit before its reply is flushed
                 raise
         deadline = time.monotonic() + wait
         from .session.processes import is_alive

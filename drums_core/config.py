@@ -5,6 +5,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from .reasons import Reason
 
 VENV = Path(os.environ.get("DRUMS_VENV", "/opt/drums/venv"))
 CRIU_PREFIX = Path(os.environ.get("DRUMS_CRIU_PREFIX", "/opt/drums/criu"))
@@ -40,7 +41,7 @@ def check_name(name: str, what: str = "name") -> str:
 
     if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
         raise InvalidArgument(f"invalid {what} {name!r}: use letters, digits, '_', '.', ':', '-' (no '/', no '..')",
-                              reason="INVALID_NAME")
+                              reason=Reason.INVALID_NAME)
     return name
 
 

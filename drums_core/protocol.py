@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import DrumsError, Internal, InvalidArgument, from_wire as error_from_wire
+from .reasons import Reason
 
 __all__ = ["Arg", "FRAME_END", "OPS", "Op", "REQUIRED", "decode_reply", "decode_request", "encode_error",
            "encode_reply", "encode_request", "for_command", "from_wire", "lookup", "to_wire"]
@@ -93,7 +94,7 @@ class Arg:
     name: str
     type: type
     default: Any = REQUIRED
-    reason: str = "BAD_REQUEST"
+    reason: str = Reason.BAD_REQUEST
     omit_default: bool = False
 
     @property
@@ -153,16 +154,16 @@ class Op:
         the operation does not have, or lacks a required one; the argument's reason when a value
         has the wrong type."""
         if not isinstance(args, dict):
-            raise InvalidArgument(f"{self.name}: args must be an object", reason="BAD_REQUEST")
+            raise InvalidArgument(f"{self.name}: args must be an object", reason=Reason.BAD_REQUEST)
         unknown = sorted(set(args) - {a.name for a in self.args})
         if unknown:
             raise InvalidArgument(f"{self.name}: unknown argument(s) {', '.join(map(repr, unknown))}; it takes "
-                                  f"{', '.join(a.name for a in self.args) or 'none'}", reason="BAD_REQUEST")
+                                  f"{', '.join(a.name for a in self.args) or 'none'}", reason=Reason.BAD_REQUEST)
         out = {}
         for a in self.args:
             if a.name not in args:
                 if a.required:
-                    raise InvalidArgument(f"{self.name}: missing argument {a.name!r}", reason="BAD_REQUEST")
+                    raise InvalidArgument(f"{self.name}: missing argument {a.name!r}", reason=Reason.BAD_REQUEST)
                 out[a.name] = a.default
             else:
                 out[a.name] = a.check(self.name, args[a.name])
@@ -173,11 +174,11 @@ class Op:
         checked (:meth:`check`), every argument present but those ``omit_default`` at their default."""
         if len(values) > len(self.args):
             raise InvalidArgument(f"{self.name} takes {len(self.args)} arguments, not {len(values)}",
-                                  reason="BAD_REQUEST")
+                                  reason=Reason.BAD_REQUEST)
         given = dict(zip((a.name for a in self.args), values, strict=False))
         twice = sorted(set(given) & set(named))
         if twice:
-            raise InvalidArgument(f"{self.name}: {', '.join(twice)} given twice", reason="BAD_REQUEST")
+            raise InvalidArgument(f"{self.name}: {', '.join(twice)} given twice", reason=Reason.BAD_REQUEST)
         full = self.check({**given, **named})
         return {a.name: full[a.name] for a in self.args
                 if not (a.omit_default and full[a.name] == a.default)}
@@ -194,32 +195,32 @@ class Op:
 def _named(name: str) -> Arg:
     """A required session id, or snapshot id or name: a non-string is what the serving method calls
     an invalid name."""
-    return Arg(name, str, reason="INVALID_NAME")
+    return Arg(name, str, reason=Reason.INVALID_NAME)
 
 
 _SESSION = _named("session")
 _SNAPSHOT = _named("snapshot")  # an id, or a name (the newest of that name)
-_SCOPE = Arg("scope", str, None, reason="INVALID_NAME")
-_SCOPE_RAW = Arg("scope", str, None, reason="INVALID_NAME", omit_default=True)  # not one of the Client method's
+_SCOPE = Arg("scope", str, None, reason=Reason.INVALID_NAME)
+_SCOPE_RAW = Arg("scope", str, None, reason=Reason.INVALID_NAME, omit_default=True)  # not one of the Client method's
 _LONG = {"long_running": True, "mutates": True}
 
 OPS: dict[str, Op] = {op.name: op for op in (
     # sessions
-    Op("create", (Arg("spec", dict, None, reason="BAD_SPEC"),), serves="create", client="create", **_LONG),
-    Op("checkpoint", (_SESSION, Arg("name", str, None, reason="INVALID_NAME"),
-                      Arg("snapshot_id", str, None, reason="INVALID_NAME"), Arg("leave_running", bool, False),
+    Op("create", (Arg("spec", dict, None, reason=Reason.BAD_SPEC),), serves="create", client="create", **_LONG),
+    Op("checkpoint", (_SESSION, Arg("name", str, None, reason=Reason.INVALID_NAME),
+                      Arg("snapshot_id", str, None, reason=Reason.INVALID_NAME), Arg("leave_running", bool, False),
                       _SCOPE, Arg("cache", bool, False, omit_default=True)),
        serves="checkpoint", in_daemon=True, client="checkpoint", cli="checkpoint", **_LONG),
-    Op("restore", (_SNAPSHOT, Arg("count", int, 1, reason="BAD_COUNT"), Arg("wait_live", bool, False),
-                   Arg("expect_window", str, None, reason="BAD_WINDOW"), _SCOPE,
-                   Arg("min_nonblank", float, 0.0, reason="BAD_NONBLANK")),
+    Op("restore", (_SNAPSHOT, Arg("count", int, 1, reason=Reason.BAD_COUNT), Arg("wait_live", bool, False),
+                   Arg("expect_window", str, None, reason=Reason.BAD_WINDOW), _SCOPE,
+                   Arg("min_nonblank", float, 0.0, reason=Reason.BAD_NONBLANK)),
        serves="restore", client="restore", cli="restore", **_LONG),
     Op("destroy", (_SESSION,), serves="destroy", client="destroy", cli="destroy", **_LONG),
     Op("list", serves="list_sessions", client="list", cli="ls"),
     Op("get", (_SESSION,), serves="get", client="get"),
     Op("wait_live", (_SESSION, Arg("timeout", float, 30.0)), serves="wait_live", client="wait_live",
        long_running=True),
-    Op("exec", (_SESSION, Arg("argv", list, reason="BAD_COMMAND"), Arg("user", str, None, reason="BAD_USER"),
+    Op("exec", (_SESSION, Arg("argv", list, reason=Reason.BAD_COMMAND), Arg("user", str, None, reason=Reason.BAD_USER),
                 Arg("timeout", float, 120.0), Arg("input", str, None)),
        serves="exec", client="exec", cli="exec", **_LONG),
     Op("screenshot", (_SESSION,), serves="screenshot", client="screenshot", cli="screenshot"),
@@ -250,7 +251,7 @@ def lookup(name: Any, hooks: bool = False) -> Op:
     """The operation named ``name`` (a test hook only when ``hooks``); InvalidArgument ``UNKNOWN_OP``."""
     op = OPS.get(name) if isinstance(name, str) else None
     if op is None or (op.test_hook and not hooks):
-        raise InvalidArgument(f"unknown operation {name!r}", reason="UNKNOWN_OP")
+        raise InvalidArgument(f"unknown operation {name!r}", reason=Reason.UNKNOWN_OP)
     return op
 
 
@@ -273,9 +274,9 @@ def decode_request(line: bytes, hooks: bool = False) -> tuple[Op, dict[str, Any]
     try:
         req = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"request is not JSON: {exc}", reason="BAD_REQUEST") from None
+        raise InvalidArgument(f"request is not JSON: {exc}", reason=Reason.BAD_REQUEST) from None
     if not isinstance(req, dict) or not isinstance(req.get("op"), str):
-        raise InvalidArgument("request must be an object with an 'op'", reason="BAD_REQUEST")
+        raise InvalidArgument("request must be an object with an 'op'", reason=Reason.BAD_REQUEST)
     op = lookup(req["op"], hooks)
     args = req.get("args")
     return op, op.check(from_wire({} if args is None else args))
@@ -287,7 +288,7 @@ def encode_reply(result: Any) -> bytes:
     try:
         return _frame({"ok": True, "result": to_wire(result)})
     except (TypeError, ValueError) as exc:
-        return encode_error(Internal(f"internal error: result not serialisable: {exc}", reason="BAD_RESULT"))
+        return encode_error(Internal(f"internal error: result not serialisable: {exc}", reason=Reason.BAD_RESULT))
 
 
 def encode_error(exc: BaseException) -> bytes:
@@ -296,7 +297,7 @@ def encode_error(exc: BaseException) -> bytes:
     :class:`~drums_core.errors.Internal`."""
     if not isinstance(exc, DrumsError):
         if isinstance(exc, KeyError):
-            exc = InvalidArgument(f"missing field {exc}", reason="BAD_REQUEST")
+            exc = InvalidArgument(f"missing field {exc}", reason=Reason.BAD_REQUEST)
         else:
             exc = Internal(f"internal error: {exc!r}")
     return json.dumps({"ok": False, "error": exc.to_wire()}, default=str).encode() + FRAME_END
@@ -308,9 +309,9 @@ def decode_reply(data: bytes) -> Any:
     try:
         reply = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise Internal(f"drumsd sent a reply that is not JSON: {exc}", reason="BAD_REPLY") from None
+        raise Internal(f"drumsd sent a reply that is not JSON: {exc}", reason=Reason.BAD_REPLY) from None
     if not isinstance(reply, dict):
-        raise Internal(f"drumsd sent a reply that is not an object: {_short(reply)}", reason="BAD_REPLY")
+        raise Internal(f"drumsd sent a reply that is not an object: {_short(reply)}", reason=Reason.BAD_REPLY)
     if not reply.get("ok"):
         error = reply.get("error")
         raise error_from_wire(error if isinstance(error, dict) else {})

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drums_core.errors import InvalidArgument
+from drums_core.reasons import Reason
 
 log = logging.getLogger("drums.osworld.actions")
 
@@ -41,7 +42,7 @@ class InvalidAction(InvalidArgument, ValueError):
     a ``ValueError`` (what a gymnasium env raises for an action outside its space).
     """
 
-    default_reason = "BAD_ACTION"
+    default_reason = Reason.BAD_ACTION
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from drums_core.client import Client
 from drums_core.records import Session, Snapshot
 from drums_core.config import GUEST_PYTHON
 from drums_core.errors import InvalidArgument
+from drums_core.reasons import Reason
 
 from . import image as osworld_image
 from .guest.client import GuestClient
@@ -63,7 +64,7 @@ def desktop_spec(screen: tuple[int, int] = (1920, 1080), image: str = DEFAULT_IM
     started by gnome-session after the buses) + D-Bus + the guest server. Any image of the
     ``osworld`` family (``osworld``, or one made from it) gets the osworld image's services."""
     if desktop not in DESKTOPS:
-        raise InvalidArgument(f"unknown desktop {desktop!r}: one of {', '.join(DESKTOPS)}", reason="BAD_DESKTOP")
+        raise InvalidArgument(f"unknown desktop {desktop!r}: one of {', '.join(DESKTOPS)}", reason=Reason.BAD_DESKTOP)
     extras = _image_extras(image)
     programs = list(extras.pop("programs", []))
     programs += [{"name": "guest", "argv": [GUEST_PYTHON, "-m", "drums_osworld.guest",

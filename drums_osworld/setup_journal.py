@@ -34,6 +34,7 @@ from typing import Any
 import requests
 
 from drums_core.errors import DrumsError, Unavailable
+from drums_core.reasons import Reason
 from drums_core.host import bounded
 
 log = logging.getLogger("drums.osworld.setup")
@@ -129,7 +130,7 @@ class SetupFailed(DrumsError):
     ``report`` is the :class:`SetupReport`; ``detail`` carries it as JSON. The desktop is left as
     it is (used): the next reset replaces it."""
 
-    default_reason = "SETUP_FAILED"
+    default_reason = Reason.SETUP_FAILED
 
     def __init__(self, report: SetupReport, task_id: str | None = None) -> None:
         what = f"task {task_id}: " if task_id else ""

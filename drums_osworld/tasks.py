@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from drums_core.errors import InvalidArgument
+from drums_core.reasons import Reason
 
 from .actions import SPECIAL_ACTIONS
 
@@ -140,7 +141,7 @@ class TaskError(InvalidArgument, ValueError):
     ``source`` names the file (or ``<dict>``). Nothing was run.
     """
 
-    default_reason = "TASK_INVALID"
+    default_reason = Reason.TASK_INVALID
 
     def __init__(self, problems: Iterable[str] | str, *, source: str = "<dict>",
                  reason: str | None = None) -> None:
@@ -507,12 +508,12 @@ def load_task(source: str | os.PathLike[str] | Mapping[str, Any] | Task, *,
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise TaskError(f"cannot read the task file: {exc.strerror or exc}", source=str(path),
-                            reason="TASK_UNREADABLE") from exc
+                            reason=Reason.TASK_UNREADABLE) from exc
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TaskError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                            source=str(path), reason="TASK_NOT_JSON") from exc
+                            source=str(path), reason=Reason.TASK_NOT_JSON) from exc
     else:
         raise TaskError(f"a task is a path, a dict or a Task, not {type(source).__name__}")
     where = str(path) if path is not None else "<dict>"
@@ -564,5 +565,5 @@ def find_task(name: str, root: str | os.PathLike[str] | None = None) -> Path:
     where = root if root is not None else tasks_dir()
     if prefixed:
         raise TaskError(f"task name {name!r} is ambiguous: "
-                        f"{', '.join(p.stem for p in prefixed)}", source=str(where), reason="TASK_AMBIGUOUS")
-    raise TaskError(f"no task named {name!r}", source=str(where), reason="TASK_NOT_FOUND")
+                        f"{', '.join(p.stem for p in prefixed)}", source=str(where), reason=Reason.TASK_AMBIGUOUS)
+    raise TaskError(f"no task named {name!r}", source=str(where), reason=Reason.TASK_NOT_FOUND)

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import STATE_ROOT, Instance
 from ..host import criu_cache, kernel_budget
 from ..errors import DrumsError, FailedPrecondition
+from ..reasons import Reason
 from ..session.rootfs import mounts_under
 from ..sweep.instance import real_dir, remove_files, unmount_state
 
@@ -83,7 +84,7 @@ def _check_spill_dir(path: Path) -> None:
     p = Path(os.path.normpath(path))
     if not p.is_absolute() or len(p.parts) < 4 or os.path.realpath(p) != str(p):
         raise FailedPrecondition(f"will not remove spill directory {path}: it must be an absolute path at least three "
-                                 "levels deep with no symbolic link in it", reason="PURGE_REFUSED")
+                                 "levels deep with no symbolic link in it", reason=Reason.PURGE_REFUSED)
 
 
 def plan_purge(instance: Instance, spill_dir: Path | None = None) -> PurgePlan:
@@ -158,7 +159,7 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
     for p in (instance.state_root, instance.state_dir):
         if os.path.lexists(p) and not real_dir(p):
             raise FailedPrecondition(f"will not purge: {p} is not a directory (a symbolic link?)",
-                                     reason="PURGE_REFUSED")
+                                     reason=Reason.PURGE_REFUSED)
     Client(instance, autostart=False, timeout=wait).shutdown(destroy_sessions=True, wait=wait)
     report.daemon_stopped = bool(plan.daemon_pid)
     if not instance.state_root.is_dir() or not (os.path.lexists(instance.state_dir) or plan.files or plan.spill_dir):
@@ -172,7 +173,7 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
             raise FailedPrecondition(f"drumsd of instance {instance.name} is still running (it holds {lock_path}): "
                                      f"it did not stop within {wait:.0f}s of being asked (still destroying "
                                      "sessions?); nothing was deleted, run the purge again",
-                                     reason="PURGE_REFUSED") from None
+                                     reason=Reason.PURGE_REFUSED) from None
         if instance.ledger_root.is_dir():
             result = sweep(instance.ledger_root)
             report.sweep = result.to_dict()
@@ -183,13 +184,13 @@ def purge(instance: Instance, plan: PurgePlan, wait: float = 60.0) -> PurgeRepor
                 raise FailedPrecondition(
                     f"sessions of instance {instance.name} could not be stopped: {why}; nothing was deleted "
                     f"(see `drums --instance {instance.name} sweep` for what is left)",
-                    reason="PURGE_REFUSED", detail=report.sweep)
+                    reason=Reason.PURGE_REFUSED, detail=report.sweep)
         state_point = os.path.realpath(instance.state_dir)
         extra = [m for m in mounts_under(instance.state_dir) if m != state_point]
         if extra:
             raise FailedPrecondition(f"sessions of instance {instance.name} could not be stopped: mounts remain "
                                      f"under {instance.state_dir}: {' '.join(extra)}; nothing was deleted",
-                                     reason="PURGE_REFUSED", detail={"mounts": extra})
+                                     reason=Reason.PURGE_REFUSED, detail={"mounts": extra})
         if plan.spill_dir and real_dir(Path(plan.spill_dir)):
             shutil.rmtree(plan.spill_dir)
             report.removed.append(plan.spill_dir)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import config
+from ..reasons import Reason
 from . import criu_cache, linux
 
 PROVISION = "run scripts/provision (or `make test`) as root"
@@ -348,7 +349,7 @@ def _budget_check(name: str) -> Callable[[], Check]:
                   f"and the host need {b.need}")
         if b.fits:
             return Check(f"budget-{name.replace('_', '-')}", True, True, detail)
-        reason = "PID_BUDGET" if name in ("pid_max", "threads_max") else "HOST_BUDGET"
+        reason = Reason.PID_BUDGET if name in ("pid_max", "threads_max") else Reason.HOST_BUDGET
         return Check(f"budget-{name.replace('_', '-')}", False, True, f"{reason}: {detail}",
                      "scripts/provision raises it (python -m drums_core.host.kernel_budget apply)")
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..session import faults
 from ..errors import Internal
+from ..reasons import Reason
 from ..sweep.ledger import Ledger, write_atomic
 
 log = logging.getLogger("drums.hostnet")
@@ -89,7 +90,7 @@ def _write_setting(path: str, value: str) -> None:
         with open(path, "w") as f:
             f.write(value)
     except OSError as exc:
-        raise Internal(f"cannot write {path}: {exc}", reason="SYSCTL_FAILED", detail={"errno": exc.errno}) from exc
+        raise Internal(f"cannot write {path}: {exc}", reason=Reason.SYSCTL_FAILED, detail={"errno": exc.errno}) from exc
 
 
 @contextlib.contextmanager
@@ -110,9 +111,10 @@ def read_record(ifname: str) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise Internal(f"shared record {record_path(ifname)} is unreadable: {exc}", reason="HOSTNET_CORRUPT") from exc
+        raise Internal(f"shared record {record_path(ifname)} is unreadable: {exc}",
+                       reason=Reason.HOSTNET_CORRUPT) from exc
     if not isinstance(rec, dict) or not isinstance(rec.get("holders"), dict):
-        raise Internal(f"shared record {record_path(ifname)} is malformed", reason="HOSTNET_CORRUPT")
+        raise Internal(f"shared record {record_path(ifname)} is malformed", reason=Reason.HOSTNET_CORRUPT)
     return rec
 
 
@@ -140,7 +142,7 @@ def acquire(ledger: Ledger, ifname: str, on_change: Callable[[], None] | None = 
         rec = read_record(ifname)
         now = read_setting(path)
         if now is None:
-            raise Internal(f"cannot read {path}", reason="SYSCTL_FAILED")
+            raise Internal(f"cannot read {path}", reason=Reason.SYSCTL_FAILED)
         if rec is None or rec.get("ifindex") != idx:
             rec = {"ifname": ifname, "ifindex": idx, "prior": now, "holders": (rec or {}).get("holders", {}),
                    "created": time.time()}

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import config
 from ..errors import Unavailable
+from ..reasons import Reason
 
 log = logging.getLogger("drums_core.host.images")
 
@@ -116,5 +117,5 @@ def shift_ids(root: Path, delta: int) -> ShiftReport:
     if report.out_of_range:
         raise Unavailable(f"{len(report.out_of_range)} file(s) under {root} have ids outside "
                           f"{low}..{low + config.ID_COUNT - 1}, e.g. {report.out_of_range[0]}",
-                          reason="IMAGE_IDS_OUT_OF_RANGE", detail=report.out_of_range[:50])
+                          reason=Reason.IMAGE_IDS_OUT_OF_RANGE, detail=report.out_of_range[:50])
     return report

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import config
 from ..errors import FailedPrecondition, Internal, Unavailable
+from ..reasons import Reason
 from . import linux, mounttable
 from .idshift import shift_ids
 from .image_spec import DEBIAN_BASE, ImageSpec
@@ -127,7 +128,7 @@ class Builder:
             tail = self.log_path.read_text(errors="replace").splitlines()[-_TAIL:]
             raise Unavailable(f"building image {self.spec.name!r} failed at {what} (exit {proc.returncode}); "
                               f"log: {self.log_path}: {' | '.join(tail[-3:])}",
-                              reason="IMAGE_BUILD_FAILED", detail=tail)
+                              reason=Reason.IMAGE_BUILD_FAILED, detail=tail)
         return proc.stdout.decode() if capture else ""
 
     def chroot(self, script: str, what: str, *, network: bool = False, stdin: bytes | None = None,
@@ -156,7 +157,7 @@ _PROC_SYS_READ_ONLY_HOOKS = (
 def _debootstrap(b: Builder) -> None:
     if shutil.which("mmdebstrap", path=_ENV["PATH"]) is None:
         raise FailedPrecondition("mmdebstrap is not installed (apt-get install mmdebstrap, or run scripts/provision)",
-                                 reason="MMDEBSTRAP_MISSING")
+                                 reason=Reason.MMDEBSTRAP_MISSING)
     packages = sorted(set(b.spec.packages) | set(CUSTOMISE_PACKAGES))
     b.say(f"mmdebstrap {SUITE} (packages: {len(packages)}) ...")
     b.run(["mmdebstrap", "--mode=root", "--variant=apt", "--format=directory",
@@ -257,7 +258,8 @@ def strip_dev_nodes(rootfs: Path) -> int:
     st = os.lstat(dev)
     mounted = mounttable.mounts_within(mounttable.read_mountinfo(), [os.path.realpath(dev)])
     if not stat.S_ISDIR(st.st_mode) or st.st_dev != os.lstat(rootfs).st_dev or mounted:
-        raise Internal(f"{dev} is not a plain directory of the image; not touching it", reason="IMAGE_BUILD_FAILED")
+        raise Internal(f"{dev} is not a plain directory of the image; not touching it",
+                       reason=Reason.IMAGE_BUILD_FAILED)
     removed = 0
     with os.scandir(dev) as entries:
         for entry in entries:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import config
 from ..errors import InvalidArgument
+from ..reasons import Reason
 
 DEBIAN_BASE = "debian:bookworm"
 # dbus-user-session is left out: it depends on systemd and libpam-systemd (a PAM module that
@@ -96,7 +97,7 @@ class ImageSpec:
 
 
 def _bad(message: str) -> InvalidArgument:
-    return InvalidArgument(message, reason="INVALID_IMAGE_SPEC")
+    return InvalidArgument(message, reason=Reason.INVALID_IMAGE_SPEC)
 
 
 def _list(value: Any, what: str) -> list[Any]:
@@ -201,4 +202,4 @@ def builtin_spec(name: str) -> ImageSpec:
         return spec
     known = ", ".join(sorted({config.DEFAULT_IMAGE, *_REGISTERED}))
     raise InvalidArgument(f"there is no built-in spec for image {name!r} (built-in: {known}); pass --spec FILE",
-                          reason="INVALID_IMAGE_SPEC")
+                          reason=Reason.INVALID_IMAGE_SPEC)

@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import config
 from ..errors import FailedPrecondition, NotFound, Unavailable
+from ..reasons import Reason
 from . import bounded, linux, mounttable
 
 log = logging.getLogger("drums_core.host.images")
@@ -86,7 +87,7 @@ def get(name: str) -> Manifest:
     if m is None:
         how = "drums image build" if name == config.DEFAULT_IMAGE else f"drums image build {name} --spec FILE"
         raise NotFound(f"image {name!r} is not built in {store()}; build it with `{how}` (as root)",
-                       reason="IMAGE_NOT_FOUND")
+                       reason=Reason.IMAGE_NOT_FOUND)
     return m
 
 
@@ -107,10 +108,10 @@ def check_usable(name: str) -> Manifest:
         raise FailedPrecondition(
             f"image {name!r} was built for id base {m.id_base}, this host uses {config.ID_BASE} "
             f"(DRUMS_ID_BASE); rebuild it with `drums image build {name} --force`",
-            reason="IMAGE_ID_BASE_MISMATCH")
+            reason=Reason.IMAGE_ID_BASE_MISMATCH)
     if not (image_dir(name) / "rootfs").is_dir():
         raise FailedPrecondition(f"image {name!r} has a manifest but no rootfs; rebuild it with --force",
-                                 reason="IMAGE_INCOMPLETE")
+                                 reason=Reason.IMAGE_INCOMPLETE)
     return m
 
 # ----------------------------------------------------------------------------------------- locking
@@ -186,7 +187,7 @@ def new_build_dir(name: str) -> Path:
             return d
         except FileExistsError:
             continue
-    raise Unavailable(f"cannot create a build directory in {store()}", reason="IMAGE_BUILD_FAILED")
+    raise Unavailable(f"cannot create a build directory in {store()}", reason=Reason.IMAGE_BUILD_FAILED)
 
 
 def staged_dir(name: str) -> Path:
@@ -304,7 +305,7 @@ def refuse_if_used(name: str, action: str) -> None:
     if users:
         raise FailedPrecondition(f"cannot {action} image {name!r}: mounted by {len(users)} mount(s), e.g. "
                                  f"{users[0]}; destroy the sessions that use it first",
-                                 reason="IMAGE_IN_USE", detail=users)
+                                 reason=Reason.IMAGE_IN_USE, detail=users)
 
 
 def remove(name: str, progress: Progress | None = None) -> None:

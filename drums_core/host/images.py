@@ -56,6 +56,7 @@ from typing import Any
 
 from .. import config
 from ..errors import DrumsError, FailedPrecondition, InvalidArgument
+from ..reasons import Reason
 from . import linux
 from .idshift import ShiftReport, shift_ids
 from .image_hash import content_hash, spec_hash, up_to_date
@@ -132,7 +133,7 @@ def build(spec: ImageSpec, progress: Progress | None = None, force: bool = False
     spec.validate()
     if os.geteuid() != 0:
         raise FailedPrecondition("building an image needs root (mmdebstrap, chroot, chown)",
-                                 reason="NOT_ROOT")
+                                 reason=Reason.NOT_ROOT)
     if spec.derived:
         get(spec.base)  # NotFound (saying how to build it) before anything is created
     store().mkdir(parents=True, exist_ok=True)
@@ -188,7 +189,7 @@ def _cmd_build(args: argparse.Namespace) -> tuple[Any, str]:
         spec = load_spec(args.spec)
         if args.name and args.name != spec.name:
             raise InvalidArgument(f"the spec file names image {spec.name!r}, not {args.name!r}",
-                                  reason="INVALID_IMAGE_SPEC")
+                                  reason=Reason.INVALID_IMAGE_SPEC)
     else:
         spec = builtin_spec(args.name or config.DEFAULT_IMAGE)
     before = None if args.force else up_to_date(spec)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import Unavailable
+from ..reasons import Reason
 from .procs import inotify_fdinfos
 
 # How many sessions the host runs at once, over all its instances (the default instance has 64 slots).
@@ -172,7 +173,7 @@ def check_fits(slots: int, pids: int) -> None:
     for b in sorted(budgets(slots, pids, with_use=False), key=lambda b: b.name not in ("pid_max", "threads_max")):
         if b.fits:
             continue
-        reason = "PID_BUDGET" if b.name in ("pid_max", "threads_max") else "HOST_BUDGET"
+        reason = Reason.PID_BUDGET if b.name in ("pid_max", "threads_max") else Reason.HOST_BUDGET
         raise Unavailable(
             f"{slots} sessions of {pids} pids do not fit this host's {b.sysctl.replace('/', '.')} = {b.limit}: "
             f"they need {b.need} (with the host's own reserve). Fix: scripts/provision raises it "
@@ -216,7 +217,8 @@ def apply(slots: int = HOST_SLOTS, pids: int = SESSION_PIDS) -> list[dict]:
                 del record[sysctl]
                 _write_record(record)
             raise Unavailable(f"could not raise {sysctl.replace('/', '.')} from {value} to {need}: {exc}",
-                              reason="HOST_BUDGET", detail={"sysctl": sysctl, "limit": value, "need": need}) from exc
+                              reason=Reason.HOST_BUDGET,
+                              detail={"sysctl": sysctl, "limit": value, "need": need}) from exc
         changed.append({"counter": name, "sysctl": sysctl, "from": value, "to": need})
     return changed
 
@@ -254,8 +256,8 @@ def shortage(log_lines: list[str], slots: int = HOST_SLOTS) -> Unavailable | Non
     b = next(b for b in budgets(slots) if b.name == short)
     return Unavailable(f"the host is out of {short.replace('_', ' ')}: {b.use} in use of "
                        f"{b.sysctl.replace('/', '.')} = {b.limit} (needs {b.need} for {slots} sessions); "
-                       f"fix: scripts/provision, or fewer desktops", reason="PID_BUDGET" if short == "pid_max"
-                       else "HOST_BUDGET",
+                       f"fix: scripts/provision, or fewer desktops",
+                       reason=Reason.PID_BUDGET if short == "pid_max" else Reason.HOST_BUDGET,
                        detail={"counter": short, "use": b.use, "limit": b.limit, "sysctl": b.sysctl})
 
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..errors import FailedPrecondition
+from ..reasons import Reason
 
 _SYS_OPENAT2 = 437
 RESOLVE_NO_XDEV = 0x01
@@ -46,7 +47,7 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0,
 
 def _unsafe(root: str, rel: str, exc: OSError) -> FailedPrecondition:
     why = "a symlink on the path" if exc.errno in (errno.ELOOP, errno.EXDEV) else exc.strerror
-    return FailedPrecondition(f"refusing {rel!r} in session root {root}: {why}", reason="UNSAFE_PATH",
+    return FailedPrecondition(f"refusing {rel!r} in session root {root}: {why}", reason=Reason.UNSAFE_PATH,
                               detail={"path": rel, "root": root, "errno": exc.errno})
 
 
@@ -79,7 +80,7 @@ def write_file(root: str, rel: str, data: bytes | str, mode: int = 0o644, owner:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FailedPrecondition(f"refusing {rel!r} in session root {root}: not a regular file",
-                                     reason="UNSAFE_PATH", detail={"path": rel, "root": root})
+                                     reason=Reason.UNSAFE_PATH, detail={"path": rel, "root": root})
         os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         os.write(fd, raw)
@@ -131,7 +132,7 @@ def read_file(root: str, rel: str, limit: int = 1 << 20, timeout: float = 30.0) 
 
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FailedPrecondition(f"refusing {rel!r} in session root {root}: not a regular file",
-                                     reason="UNSAFE_PATH", detail={"path": rel, "root": root})
+                                     reason=Reason.UNSAFE_PATH, detail={"path": rel, "root": root})
         return bounded.read_fd(fd, limit=limit, timeout=timeout, what=f"{rel!r} in session root {root}").data
     finally:
         os.close(fd)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
+from ..reasons import Reason
 from ..host.kernel_budget import SESSION_MEMORY_MAX, SESSION_PIDS
 from ..host import ownedpaths
 from .cgroup_fs import REQUIRED, V1_ROLES, Hierarchy, group_name, hierarchies, parse_keyed, read_value, write_value
@@ -70,7 +71,7 @@ def _is_int(v: object) -> bool:
 
 def _check_int(name: str, v: object, lo: int, hi: int) -> None:
     if not _is_int(v) or not lo <= v <= hi:  # type: ignore[operator]
-        raise InvalidArgument(f"limit {name}={v!r} must be an integer in {lo}..{hi}", reason="BAD_LIMITS")
+        raise InvalidArgument(f"limit {name}={v!r} must be an integer in {lo}..{hi}", reason=Reason.BAD_LIMITS)
 
 
 
@@ -119,7 +120,7 @@ class CgroupDriver:
         except OSError as exc:
             left = _undo(made)
             cls = Internal if left else Unavailable
-            raise cls(f"cannot create cgroup {cg.name} ({self.version}): {exc}", reason="CGROUP_FAILED",
+            raise cls(f"cannot create cgroup {cg.name} ({self.version}): {exc}", reason=Reason.CGROUP_FAILED,
                       detail={"error": str(exc), "left": left}) from exc
         log.info("cgroup created run=%s session=%s driver=%s memory_max=%d pids_max=%d cpu_weight=%d",
                  run, session, self.version, limits.memory_max, limits.pids_max, limits.cpu_weight)
@@ -169,7 +170,8 @@ class CgroupV1Driver(CgroupDriver):
     def __init__(self, mounts: Mapping[str, str]) -> None:
         missing = [r for r in REQUIRED if r not in mounts]
         if missing:
-            raise FailedPrecondition(f"cgroup v1: no hierarchy for {', '.join(missing)}", reason="CGROUP_UNAVAILABLE")
+            raise FailedPrecondition(f"cgroup v1: no hierarchy for {', '.join(missing)}",
+                                     reason=Reason.CGROUP_UNAVAILABLE)
         self.mounts = {r: mounts[r] for r in V1_ROLES if r in mounts}
 
     @classmethod
@@ -239,13 +241,13 @@ class CgroupV2Driver(CgroupDriver):
             available = set(read_value(os.path.join(self.root, "cgroup.controllers")).split())
         except OSError as exc:
             raise FailedPrecondition(f"cgroup v2: {self.root} is not a cgroup2 root: {exc.strerror}",
-                                     reason="CGROUP_UNAVAILABLE") from exc
+                                     reason=Reason.CGROUP_UNAVAILABLE) from exc
         missing = sorted(self.controllers - available)
         if missing:
             raise FailedPrecondition(
                 f"cgroup v2 at {self.root}: controllers {', '.join(missing)} not available "
                 f"(cgroup.controllers has {' '.join(sorted(available)) or 'none'}; bound to v1 hierarchies?)",
-                reason="CGROUP_UNAVAILABLE")
+                reason=Reason.CGROUP_UNAVAILABLE)
 
     @classmethod
     def from_host(cls, found: Iterable[Hierarchy] | None = None) -> CgroupV2Driver:
@@ -253,14 +255,14 @@ class CgroupV2Driver(CgroupDriver):
         found = hierarchies() if found is None else found
         roots = sorted((h.mountpoint for h in found if h.version == 2), key=lambda m: m != "/sys/fs/cgroup")
         if not roots:
-            raise FailedPrecondition("cgroup v2: no cgroup2 mount", reason="CGROUP_UNAVAILABLE")
+            raise FailedPrecondition("cgroup v2: no cgroup2 mount", reason=Reason.CGROUP_UNAVAILABLE)
         errors = []
         for r in roots:
             try:
                 return cls(r)
             except FailedPrecondition as exc:
                 errors.append(exc.message)
-        raise FailedPrecondition("; ".join(errors), reason="CGROUP_UNAVAILABLE")
+        raise FailedPrecondition("; ".join(errors), reason=Reason.CGROUP_UNAVAILABLE)
 
     def roots(self) -> list[str]:
         return [self.root]
@@ -300,11 +302,11 @@ def detect(prefer: str | None = None) -> CgroupDriver:
     when a cgroup2 mount has those controllers. ``prefer`` ("v1"/"v2") tries only that one.
     FailedPrecondition (reason CGROUP_UNAVAILABLE) names what is missing."""
     if prefer not in (None, "v1", "v2"):
-        raise InvalidArgument(f"unknown cgroup driver {prefer!r}: v1 or v2", reason="INVALID_ARGUMENT")
+        raise InvalidArgument(f"unknown cgroup driver {prefer!r}: v1 or v2", reason=Reason.INVALID_ARGUMENT)
     try:
         found = hierarchies()
     except (OSError, ValueError) as exc:
-        raise FailedPrecondition(f"cannot read the mount table: {exc}", reason="CGROUP_UNAVAILABLE") from exc
+        raise FailedPrecondition(f"cannot read the mount table: {exc}", reason=Reason.CGROUP_UNAVAILABLE) from exc
     errors = []
     for version, cls in (("v1", CgroupV1Driver), ("v2", CgroupV2Driver)):
         if prefer in (None, version):
@@ -312,4 +314,4 @@ def detect(prefer: str | None = None) -> CgroupDriver:
                 return cls.from_host(found)
             except FailedPrecondition as exc:
                 errors.append(exc.message)
-    raise FailedPrecondition(f"no usable cgroup driver: {'; '.join(errors)}", reason="CGROUP_UNAVAILABLE")
+    raise FailedPrecondition(f"no usable cgroup driver: {'; '.join(errors)}", reason=Reason.CGROUP_UNAVAILABLE)

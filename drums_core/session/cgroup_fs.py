@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..config import check_name
 from ..errors import InvalidArgument
+from ..reasons import Reason
 from ..host import mounttable, ownedpaths
 
 BASE = "drums"
@@ -28,7 +29,7 @@ POLL = 0.01
 def _check(name: str, what: str) -> str:
     # config.check_name's pattern ends in ``$``, which also matches before a trailing newline
     if isinstance(name, str) and "\n" in name:
-        raise InvalidArgument(f"invalid {what} {name!r}: control character", reason="INVALID_NAME")
+        raise InvalidArgument(f"invalid {what} {name!r}: control character", reason=Reason.INVALID_NAME)
     return check_name(name, what)
 
 
@@ -41,7 +42,7 @@ def parse_group_name(name: str) -> tuple[str, str]:
     """(run, session) of ``drums/<run>/<session>``. InvalidArgument for anything else."""
     parts = name.split("/") if isinstance(name, str) else []
     if len(parts) != 3 or parts[0] != BASE:
-        raise InvalidArgument(f"invalid cgroup name {name!r}: want {BASE}/<run>/<session>", reason="INVALID_NAME")
+        raise InvalidArgument(f"invalid cgroup name {name!r}: want {BASE}/<run>/<session>", reason=Reason.INVALID_NAME)
     return _check(parts[1], "run"), _check(parts[2], "session")
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from ..reasons import Reason
 from .cgroup_fs import PROCS, REQUIRED, V1_ROLES, members, parse_group_name, parse_keyed, read_value, write_value
 from .cgroup_kill import kill_members, remove_dirs, remove_run_dir
 
@@ -54,7 +55,7 @@ class SessionCgroup:
         driver, paths = data.get("driver"), data.get("paths")
         if driver not in ("v1", "v2") or not isinstance(paths, list) or not paths \
                 or not all(isinstance(p, str) and p.endswith("/" + name) for p in paths):
-            raise InvalidArgument(f"cgroup record {name!r} lacks driver/paths", reason="INVALID_ARGUMENT")
+            raise InvalidArgument(f"cgroup record {name!r} lacks driver/paths", reason=Reason.INVALID_ARGUMENT)
         if driver == "v2":
             d = paths[0]
             ctrls = frozenset(_read_words(os.path.join(os.path.dirname(d), "cgroup.subtree_control")))
@@ -70,10 +71,10 @@ class SessionCgroup:
         if self.driver == "v2":
             if role not in self.controllers:
                 raise FailedPrecondition(f"cgroup {self.name}: the {role} controller is not enabled",
-                                         reason="CONTROLLER_NOT_ENABLED")
+                                         reason=Reason.CONTROLLER_NOT_ENABLED)
             return self.dirs["unified"]
         if role not in self.dirs:
-            raise FailedPrecondition(f"cgroup {self.name}: no {role} hierarchy", reason="CONTROLLER_NOT_ENABLED")
+            raise FailedPrecondition(f"cgroup {self.name}: no {role} hierarchy", reason=Reason.CONTROLLER_NOT_ENABLED)
         return self.dirs[role]
 
     def exists(self) -> bool:
@@ -86,9 +87,9 @@ class SessionCgroup:
                 write_value(os.path.join(p, PROCS), str(int(pid)))
             except ProcessLookupError as exc:
                 raise NotFound(f"cannot move pid {pid} into {self.name}: no such process",
-                               reason="NO_SUCH_PROCESS") from exc
+                               reason=Reason.NO_SUCH_PROCESS) from exc
             except OSError as exc:
-                raise Internal(f"cannot move pid {pid} into {p}: {exc.strerror}", reason="CGROUP_FAILED",
+                raise Internal(f"cannot move pid {pid} into {p}: {exc.strerror}", reason=Reason.CGROUP_FAILED,
                                detail=str(exc)) from exc
         log.debug("cgroup attach run=%s session=%s pid=%d", self.run, self.session, pid)
 
@@ -112,7 +113,8 @@ class SessionCgroup:
         try:
             return read_value(path)
         except OSError as exc:
-            raise Internal(f"cgroup {self.name}: cannot read {path}: {exc.strerror}", reason="CGROUP_FAILED") from exc
+            raise Internal(f"cgroup {self.name}: cannot read {path}: {exc.strerror}",
+                           reason=Reason.CGROUP_FAILED) from exc
 
     def kill_all(self, timeout: float = 5.0) -> int:
         """SIGKILL every process in the group and wait until it is empty; returns how many died.
@@ -120,7 +122,7 @@ class SessionCgroup:
         res = kill_members(self.paths, timeout)
         if res.left:
             raise Internal(f"cgroup {self.name}: {len(res.left)} processes survived SIGKILL",
-                           reason="CGROUP_NOT_EMPTY", detail={"pids": res.left})
+                           reason=Reason.CGROUP_NOT_EMPTY, detail={"pids": res.left})
         if res.killed:
             log.info("cgroup killed run=%s session=%s processes=%d", self.run, self.session, res.killed)
         return res.killed
@@ -132,7 +134,7 @@ class SessionCgroup:
         self.kill_all(timeout)
         _, failed = remove_dirs(self.paths, max(1.0, timeout - (time.monotonic() - t0)))
         if failed:
-            raise Internal(f"cgroup {self.name}: cannot remove {sorted(failed)}", reason="CGROUP_NOT_EMPTY",
+            raise Internal(f"cgroup {self.name}: cannot remove {sorted(failed)}", reason=Reason.CGROUP_NOT_EMPTY,
                            detail=failed)
         for p in self.paths:
             remove_run_dir(p)

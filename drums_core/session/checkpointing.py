@@ -15,6 +15,7 @@ from pathlib import Path
 from . import cgroups, criu, display, faults, netns, netpolicy, watched_dirs
 from ..config import ID_BASE, check_name
 from ..errors import Busy, DrumsError, FailedPrecondition, Internal, NotFound, Unavailable
+from ..reasons import Reason
 from ..host import procs
 from ..host.procs import boot_id, is_alive
 from ..store.snapshots import Snapshot, copy_layer
@@ -98,12 +99,12 @@ class CheckpointOps:
         if not mine:
             if flight.params != params:
                 raise FailedPrecondition(f"snapshot id {snap_id} is being made with other parameters",
-                                         reason="SNAPSHOT_ID_CONFLICT")
+                                         reason=Reason.SNAPSHOT_ID_CONFLICT)
             return flight.wait()
         try:
             s = self._usable(sid)
             if not s.lock.acquire(blocking=False):
-                raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+                raise Busy(f"session {sid} is busy", reason=Reason.SESSION_BUSY)
             try:
                 existing = self._existing_checkpoint(snap_id, params)
                 if existing is not None:
@@ -157,7 +158,7 @@ class CheckpointOps:
         free = st.f_bavail * st.f_frsize
         if need + MARGIN > free:
             raise Unavailable(f"the state store has {free >> 20} MiB free; a checkpoint of {s.id} may need "
-                              f"{need >> 20} MiB", reason="STORE_FULL", detail={"free": free, "need": need})
+                              f"{need >> 20} MiB", reason=Reason.STORE_FULL, detail={"free": free, "need": need})
 
     @staticmethod
     def _dump_estimate(s: Session) -> dict:
@@ -179,9 +180,9 @@ class CheckpointOps:
             return None
         if snap.params != params:
             raise FailedPrecondition(f"snapshot id {snap_id} exists with other parameters {snap.params}",
-                                     reason="SNAPSHOT_ID_CONFLICT")
+                                     reason=Reason.SNAPSHOT_ID_CONFLICT)
         if snap.boot_id != boot_id():
-            raise FailedPrecondition(f"snapshot {snap_id} is from another boot", reason="SNAPSHOT_OTHER_BOOT")
+            raise FailedPrecondition(f"snapshot {snap_id} is from another boot", reason=Reason.SNAPSHOT_OTHER_BOOT)
         if snap.state == "published":
             snap = self.store.commit(snap_id)
         return snap
@@ -258,7 +259,7 @@ class CheckpointOps:
                 self._mark_broken(s, f"checkpoint {snap.id} is committed, but the session's network could not "
                                      f"be put back: {rewired}")
                 raise Internal(f"checkpoint {snap.id} of {s.id} is committed, but the session's network could "
-                               f"not be put back: {rewired}", reason="CHECKPOINT_REWIRE_FAILED",
+                               f"not be put back: {rewired}", reason=Reason.CHECKPOINT_REWIRE_FAILED,
                                detail={"snapshot": snap.id, "network": str(rewired)}) from rewired
             else:
                 self._set_state(s, State.RUNNING)
@@ -287,10 +288,10 @@ class CheckpointOps:
                 self._mark_broken(s, f"checkpoint failed ({exc.message}) and its network could not be "
                                      f"put back: {wire}")
                 return Internal(f"checkpoint of {s.id} failed and its network could not be put back: "
-                                f"{exc.message}; {wire}", reason="CHECKPOINT_FAILED",
+                                f"{exc.message}; {wire}", reason=Reason.CHECKPOINT_FAILED,
                                 detail={"dump": exc.detail, "network": str(wire)})
             self._set_state(s, State.RUNNING)
             return exc
         self._mark_broken(s, f"checkpoint failed and the session died: {exc.message}")
         return Internal(f"checkpoint of {s.id} failed and the session is gone: {exc.message}",
-                        reason="CHECKPOINT_FAILED", detail=exc.detail)
+                        reason=Reason.CHECKPOINT_FAILED, detail=exc.detail)

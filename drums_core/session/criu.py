@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..config import CRIU_BIN, PYCRIU_PATH
 from ..errors import Internal, Unavailable
+from ..reasons import Reason
 from ..host import bounded
 from ..host import kernel_budget
 
@@ -260,7 +261,7 @@ class _Swrk(_pycriu_mod._criu_comm_bin):
         return self.sk
 
 
-def _notified(client, req_type: int, hooks: dict, what: str, reason: str):
+def _notified(client, req_type: int, hooks: dict, what: str, reason: Reason):
     """One request over ``criu swrk`` that answers CRIU's notifications: at each notification named
     in ``hooks`` its function runs with the notification's pid; an exception from it answers
     "failed" (CRIU then fails the request: a dump resumes the tasks, a restore rolls back) and is
@@ -317,14 +318,14 @@ def _dump_notified(client, post_dump) -> "rpc.criu_dump_resp":
             post_dump()
 
     return _notified(client, rpc.DUMP, {"post-dump": at_post_dump},
-                     "the checkpoint's post-dump step (the tasks run on)", "POST_DUMP_FAILED").dump
+                     "the checkpoint's post-dump step (the tasks run on)", Reason.POST_DUMP_FAILED).dump
 
 
 def _restore_notified(client, setup_namespaces) -> "rpc.criu_restore_resp":
     """A restore that runs ``setup_namespaces(root_pid)`` at CRIU's ``setup-namespaces`` point (the
     restored tree's namespaces exist, none of its tasks runs yet)."""
     return _notified(client, rpc.RESTORE, {"setup-namespaces": setup_namespaces},
-                     "the restore's namespace set-up (rolled back)", "RESTORE_SETUP_FAILED").restore
+                     "the restore's namespace set-up (rolled back)", Reason.RESTORE_SETUP_FAILED).restore
 
 
 def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[str] | None = None,
@@ -355,13 +356,13 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
         log_module.warning("criu %s failed, and waited on the tree it was killing until it was killed; the last "
                            "lines of its log:\n%s", kind, "\n".join(log[-60:]))
         raise Unavailable(f"criu {kind} failed (killed {GIVING_UP_GRACE:g}s after it gave up): {summary(lines)}",
-                          reason="CRIU_FAILED", detail={"errno": None, "criu_log": lines, "op": kind})
+                          reason=Reason.CRIU_FAILED, detail={"errno": None, "criu_log": lines, "op": kind})
     if watchdog.fired:
         lines = error_lines(log)
         log_module.warning("criu %s did not finish within %.0fs and was killed; the last lines of its log:\n%s",
                            kind, timeout, "\n".join(log[-60:]))
         raise Unavailable(f"criu {kind} did not finish within {timeout:.0f}s and was killed; last lines: "
-                          f"{' | '.join(log[-3:])}", reason="CRIU_TIMEOUT",
+                          f"{' | '.join(log[-3:])}", reason=Reason.CRIU_TIMEOUT,
                           detail={"criu_log": lines, "tail": log[-20:], "op": kind})
     if failure is not None:
         errno = getattr(failure, "errno", None)
@@ -375,7 +376,7 @@ def _call(kind: str, opts, work_dir: Path, timeout: float, cgroup_paths: list[st
         # without an errno CRIU gave no answer at all (it died, or closed the connection): say so
         how = f"errno {errno}" if errno is not None else str(failure)
         raise Unavailable(f"criu {kind} failed ({how}): {summary(lines)}",
-                          reason="CRIU_FAILED", detail={"errno": errno, "criu_log": lines, "op": kind})
+                          reason=Reason.CRIU_FAILED, detail={"errno": errno, "criu_log": lines, "op": kind})
     return CriuResult(seconds=seconds, log=log, pid=getattr(resp, "pid", None))
 
 
@@ -436,7 +437,7 @@ def _said(exc: Unavailable, pattern: str) -> bool:
 
 
 def _transient(exc: Unavailable) -> bool:
-    return exc.reason == "SOCKET_IN_FLIGHT" or any(_said(exc, marker) for marker in TRANSIENT_DUMP_ERRORS)
+    return exc.reason == Reason.SOCKET_IN_FLIGHT or any(_said(exc, marker) for marker in TRANSIENT_DUMP_ERRORS)
 
 
 def _explained(exc: Unavailable) -> Unavailable:
@@ -489,7 +490,7 @@ def check_restorable(images_dir: Path) -> None:
     if flying:
         said = ", ".join(f"socket {right:#x} in the queue of {queue:#x}" for queue, right in flying)
         raise Unavailable(f"a unix socket's queue holds a message carrying a socket no process holds ({said}): "
-                          "CRIU cannot restore that reliably", reason="SOCKET_IN_FLIGHT",
+                          "CRIU cannot restore that reliably", reason=Reason.SOCKET_IN_FLIGHT,
                           detail={"in_flight": [{"queue": q, "socket": r} for q, r in flying]})
 
 
@@ -558,7 +559,8 @@ def restore(images_dir: Path, work_dir: Path, root: Path, veth_pairs: dict[str, 
             pair.if_out = outer
         res = _call("restore", opts, work_dir, timeout, cgroup_paths, setup_namespaces=setup_namespaces)
         if not res.pid:
-            raise Internal("criu restore reported success without a pid", reason="CRIU_NO_PID", detail=res.log[-10:])
+            raise Internal("criu restore reported success without a pid",
+                           reason=Reason.CRIU_NO_PID, detail=res.log[-10:])
         return res
     finally:
         os.close(work_fd)

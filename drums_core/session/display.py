@@ -28,6 +28,7 @@ from Xlib.support import connect as _xconnect
 
 from ..host import safepath, unixsock
 from ..errors import DrumsError, Unavailable
+from ..reasons import Reason
 
 X_TIMEOUT = 15.0  # seconds any one read or write on a session's X connection may take
 _routes: dict[int, int] = {}  # display number -> session init pid
@@ -74,7 +75,7 @@ def connect(number: int) -> xdisplay.Display:
     try:
         return xdisplay.Display(f":{number}")
     except (xerror.DisplayError, OSError, ConnectionError, TimeoutError) as exc:
-        raise Unavailable(f"X display :{number} not reachable: {exc}", reason="X_UNREACHABLE") from exc
+        raise Unavailable(f"X display :{number} not reachable: {exc}", reason=Reason.X_UNREACHABLE) from exc
 
 
 def close(d: xdisplay.Display, timeout: float = X_TIMEOUT) -> None:
@@ -316,7 +317,7 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
             if alive is not None:
                 dead = alive()
                 if dead:
-                    raise Unavailable(f"session died while waiting for readiness: {dead}", reason="SESSION_DIED")
+                    raise Unavailable(f"session died while waiting for readiness: {dead}", reason=Reason.SESSION_DIED)
             try:
                 if d is None:
                     d = connect(number)
@@ -341,7 +342,7 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
                     close(d, timeout=1.0)
                 d = None
             if time.monotonic() > deadline:
-                raise Unavailable(f"desktop not ready after {timeout}s: {last}", reason="NOT_READY")
+                raise Unavailable(f"desktop not ready after {timeout}s: {last}", reason=Reason.NOT_READY)
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
     finally:

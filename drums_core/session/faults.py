@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import threading
+from ..reasons import Reason
 
 _timer: threading.Timer | None = None
 _injected: dict[str, int] = {}
@@ -45,7 +46,7 @@ def fail(point: str) -> None:
         _injected[point] = left - 1
     from ..errors import Unavailable
 
-    raise Unavailable(f"injected failure at {point}", reason="INJECTED")
+    raise Unavailable(f"injected failure at {point}", reason=Reason.INJECTED)
 
 
 def armed() -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 from ..errors import Unavailable
+from ..reasons import Reason
 from ..host import linux
 from ..host.kernel_budget import SESSION_CAPS
 
@@ -64,7 +65,7 @@ def apply(userns_pid: int, caps: dict[str, int] | None = None, *, proc_fd: int |
         if own_proc:
             os.close(proc_fd)
         raise Unavailable(f"could not open the user namespace of pid {userns_pid}: {exc}",
-                          reason="KERNEL_CAPS_FAILED") from exc
+                          reason=Reason.KERNEL_CAPS_FAILED) from exc
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -92,7 +93,7 @@ def apply(userns_pid: int, caps: dict[str, int] | None = None, *, proc_fd: int |
         if status != 0:
             raise Unavailable(f"could not write the session's kernel caps into its user namespace "
                               f"(pid {userns_pid}): {err.decode(errors='replace') or 'helper failed'}",
-                              reason="KERNEL_CAPS_FAILED")
+                              reason=Reason.KERNEL_CAPS_FAILED)
     finally:
         os.close(r)
         if w >= 0:
@@ -139,5 +140,5 @@ def apply_restored(root_pid: int) -> None:
     host's own values)."""
     if os.stat(f"/proc/{root_pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
         raise Unavailable(f"the restored tree (pid {root_pid}) has no user namespace of its own yet",
-                          reason="KERNEL_CAPS_FAILED")
+                          reason=Reason.KERNEL_CAPS_FAILED)
     apply(root_pid)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from . import cgroups, netpolicy
 from ..config import check_name
 from ..errors import InvalidArgument
+from ..reasons import Reason
 from ..host import procs
 
 
@@ -48,7 +49,7 @@ def _good_env(env: object, most: int = 64) -> bool:
 def _check_desktop(desktop: object) -> None:
     """``desktop`` is ``{}`` or a desktop session as :class:`SessionSpec` describes it (BAD_SPEC if not)."""
     def bad(why: str) -> InvalidArgument:
-        return InvalidArgument(f"bad desktop: {why}", reason="BAD_SPEC")
+        return InvalidArgument(f"bad desktop: {why}", reason=Reason.BAD_SPEC)
 
     if not isinstance(desktop, dict):
         raise bad("a JSON object")
@@ -125,11 +126,11 @@ class SessionSpec:
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
-            raise InvalidArgument(f"unknown session spec fields: {sorted(unknown)}", reason="BAD_SPEC")
+            raise InvalidArgument(f"unknown session spec fields: {sorted(unknown)}", reason=Reason.BAD_SPEC)
         if "screen" in data:
             w, h = data["screen"]
             if not (64 <= int(w) <= 8192 and 64 <= int(h) <= 8192):
-                raise InvalidArgument(f"bad screen size {data['screen']}", reason="BAD_SPEC")
+                raise InvalidArgument(f"bad screen size {data['screen']}", reason=Reason.BAD_SPEC)
             data["screen"] = (int(w), int(h))
         _check_desktop(data.get("desktop", {}))
         if data.get("desktop") and "window_manager" not in data:
@@ -138,26 +139,26 @@ class SessionSpec:
         if spec.desktop and spec.window_manager:
             raise InvalidArgument(f"a desktop session ({spec.desktop['name']}) brings "
                                   f"its own window manager: window_manager must be empty, not "
-                                  f"{spec.window_manager!r}", reason="BAD_SPEC")
+                                  f"{spec.window_manager!r}", reason=Reason.BAD_SPEC)
         check_name(spec.image, "image")
         for size in (spec.tmp_size, spec.shm_size, spec.run_size, spec.writable_size):
             if not isinstance(size, str) or not re.fullmatch(r"[1-9][0-9]{0,6}[kmg]", size):
-                raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason="BAD_SPEC")
+                raise InvalidArgument(f"bad tmpfs size {size!r}: a number with k, m or g", reason=Reason.BAD_SPEC)
         if not _good_env(spec.env):
             raise InvalidArgument("bad env: at most 64 NAME=value strings (names of letters, digits and _)",
-                                  reason="BAD_SPEC")
+                                  reason=Reason.BAD_SPEC)
         if not isinstance(spec.limits, dict) or set(spec.limits) - set(cgroups.Limits.__dataclass_fields__):
             raise InvalidArgument(f"bad limits {spec.limits!r}: use memory_max, memory_high, pids_max, cpu_weight",
-                                  reason="BAD_SPEC")
+                                  reason=Reason.BAD_SPEC)
         try:
             spec.cgroup_limits()
         except InvalidArgument as exc:
-            raise InvalidArgument(exc.message, reason="BAD_SPEC") from exc
+            raise InvalidArgument(exc.message, reason=Reason.BAD_SPEC) from exc
         for prog in spec.programs:
             if not isinstance(prog, dict) or not isinstance(prog.get("argv"), list) or not prog.get("name") \
                     or not prog["argv"] or not all(isinstance(a, str) and a and "\0" not in a for a in prog["argv"]):
                 raise InvalidArgument(f"bad program entry {prog!r}: a name and a non-empty argv of strings",
-                                      reason="BAD_SPEC")
+                                      reason=Reason.BAD_SPEC)
             check_name(prog["name"], "program name")
         spec.network = spec.network_policy().to_spec()
         return spec

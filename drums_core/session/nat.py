@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 from ..host import hostnet
 from ..errors import DrumsError, FailedPrecondition, Unavailable
+from ..reasons import Reason
 from ..sweep.ledger import Ledger
 from .netpolicy import NetworkPolicy
 
@@ -40,7 +41,7 @@ log = logging.getLogger("drums.nat")
 def _nft(script: str, what: str) -> None:
     out = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False, timeout=30)
     if out.returncode != 0:
-        raise Unavailable(f"nft could not {what}: {out.stderr.strip()[-1000:]}", reason="NFT_FAILED")
+        raise Unavailable(f"nft could not {what}: {out.stderr.strip()[-1000:]}", reason=Reason.NFT_FAILED)
 
 
 def session_script(table: str, ifname: str, address: str, policy: NetworkPolicy) -> str:
@@ -96,12 +97,12 @@ def forget_flows(address: str) -> int:
 
 def _set_link_forwarding(ifname: str, value: str) -> None:
     if not re.fullmatch(r"dvh[0-9]{1,5}", ifname):
-        raise Unavailable(f"{ifname!r} is not a session link", reason="BAD_LINK")
+        raise Unavailable(f"{ifname!r} is not a session link", reason=Reason.BAD_LINK)
     try:
         with open(f"/proc/sys/net/ipv4/conf/{ifname}/forwarding", "w") as f:
             f.write(value)
     except OSError as exc:
-        raise Unavailable(f"cannot set forwarding on {ifname}: {exc}", reason="SYSCTL_FAILED") from exc
+        raise Unavailable(f"cannot set forwarding on {ifname}: {exc}", reason=Reason.SYSCTL_FAILED) from exc
 
 
 class NatManager:
@@ -173,7 +174,7 @@ class NatManager:
             raise FailedPrecondition(f"the nftables tables {', '.join(blockers)} of Drums daemons from before network "
                                      "policies drop every session link's routed traffic: restart those daemons "
                                      "(`drums shutdown`, after `scripts/provision`) to use 'nat'",
-                                     reason="NAT_BLOCKED", detail={"tables": blockers})
+                                     reason=Reason.NAT_BLOCKED, detail={"tables": blockers})
 
     def _guard(self, upstream: str, on: bool) -> None:
         t = f"inet {self.table}"

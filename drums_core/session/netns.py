@@ -14,6 +14,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import Internal, Unavailable
+from ..reasons import Reason
 
 GUEST_IFNAME = "eth0"
 
@@ -31,7 +32,7 @@ def wait_link_gone(ifname: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while link_exists(ifname):
         if time.monotonic() > deadline:
-            raise Unavailable(f"link {ifname} is still present after {timeout}s", reason="LINK_BUSY")
+            raise Unavailable(f"link {ifname} is still present after {timeout}s", reason=Reason.LINK_BUSY)
         time.sleep(0.02)
 
 
@@ -41,7 +42,7 @@ def create_veth(ifname: str, pid: int) -> None:
         try:
             ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": GUEST_IFNAME, "net_ns_pid": pid})
         except NetlinkError as exc:
-            raise Unavailable(f"cannot create veth {ifname}: {exc}", reason="NETLINK",
+            raise Unavailable(f"cannot create veth {ifname}: {exc}", reason=Reason.NETLINK,
                               detail={"errno": exc.code}) from exc
 
 
@@ -49,13 +50,13 @@ def configure_host_side(ifname: str, host_addr: str) -> None:
     with IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if not idx:
-            raise Unavailable(f"link {ifname} vanished", reason="LINK_MISSING")
+            raise Unavailable(f"link {ifname} vanished", reason=Reason.LINK_MISSING)
         try:
             ipr.flush_addr(index=idx[0])
             ipr.addr("add", index=idx[0], address=host_addr, prefixlen=30)
             ipr.link("set", index=idx[0], state="up")
         except NetlinkError as exc:
-            raise Unavailable(f"cannot configure {ifname}: {exc}", reason="NETLINK",
+            raise Unavailable(f"cannot configure {ifname}: {exc}", reason=Reason.NETLINK,
                               detail={"errno": exc.code}) from exc
 
 
@@ -107,14 +108,14 @@ def _configure_guest_here(pid: int, guest_addr: str, gateway: str | None = None)
                 ipr.link("set", index=lo[0], state="up")
             idx = ipr.link_lookup(ifname=GUEST_IFNAME)
             if not idx:
-                raise Unavailable(f"session netns of pid {pid} has no {GUEST_IFNAME}", reason="LINK_MISSING")
+                raise Unavailable(f"session netns of pid {pid} has no {GUEST_IFNAME}", reason=Reason.LINK_MISSING)
             ipr.flush_addr(index=idx[0])
             ipr.addr("add", index=idx[0], address=guest_addr, prefixlen=30)
             ipr.link("set", index=idx[0], state="up")
             if gateway:
                 ipr.route("replace", dst="0.0.0.0/0", gateway=gateway, oif=idx[0])
     except NetlinkError as exc:
-        raise Unavailable(f"cannot configure guest side of pid {pid}: {exc}", reason="NETLINK",
+        raise Unavailable(f"cannot configure guest side of pid {pid}: {exc}", reason=Reason.NETLINK,
                           detail={"errno": exc.code}) from exc
 
 
@@ -187,7 +188,7 @@ table inet {name} {{
 """
     out = subprocess.run(["nft", "-f", "-"], input=ruleset, capture_output=True, text=True, check=False)
     if out.returncode != 0:
-        raise Internal(f"nft could not create table {name}: {out.stderr.strip()}", reason="NFT_FAILED")
+        raise Internal(f"nft could not create table {name}: {out.stderr.strip()}", reason=Reason.NFT_FAILED)
 
 
 def delete_nft_table(name: str) -> bool:

@@ -37,6 +37,7 @@ import socket
 from dataclasses import dataclass, field
 
 from ..errors import FailedPrecondition, InvalidArgument
+from ..reasons import Reason
 
 POLICIES = ("none", "nat")
 #: Destinations a ``nat`` session never reaches unless the host grants them (``allow``, ``dns``):
@@ -53,7 +54,7 @@ _KEYS = {"policy", "upstream", "dns", "allow"}
 
 
 def _bad(msg: str) -> InvalidArgument:
-    return InvalidArgument(msg, reason="BAD_NETWORK")
+    return InvalidArgument(msg, reason=Reason.BAD_NETWORK)
 
 
 @dataclass(frozen=True)
@@ -219,20 +220,20 @@ def resolve_for_host(policy: NetworkPolicy, *, restoring: bool = False) -> Netwo
             if restoring:
                 raise FailedPrecondition(f"the snapshot's upstream interface {policy.upstream!r} is not on this "
                                          f"host (it has {', '.join(names) or 'no other interface'})",
-                                         reason="UPSTREAM_MISSING")
+                                         reason=Reason.UPSTREAM_MISSING)
             raise InvalidArgument(f"upstream interface {policy.upstream!r} does not exist on this host (it has "
-                                  f"{', '.join(names) or 'no other interface'})", reason="UPSTREAM_NOT_FOUND")
+                                  f"{', '.join(names) or 'no other interface'})", reason=Reason.UPSTREAM_NOT_FOUND)
         if restoring:
             return policy
         if not ipr.get_addr(index=idx, family=socket.AF_INET):
             raise InvalidArgument(f"upstream interface {policy.upstream!r} has no IPv4 address to masquerade "
-                                  "behind", reason="UPSTREAM_UNUSABLE")
+                                  "behind", reason=Reason.UPSTREAM_UNUSABLE)
         if policy.dns:
             for server in policy.dns:
                 oif, rtype = _route_oif(ipr, server)
                 if oif != idx or rtype != 1:  # RTN_UNICAST
                     raise InvalidArgument(f"dns server {server} is not reached through {policy.upstream!r} on this "
-                                          "host: a session could not reach it", reason="DNS_UNREACHABLE")
+                                          "host: a session could not reach it", reason=Reason.DNS_UNREACHABLE)
             return policy
         found = host_resolvers()
         usable = [ns for ns in found if not ipaddress.IPv4Address(ns).is_loopback
@@ -241,7 +242,7 @@ def resolve_for_host(policy: NetworkPolicy, *, restoring: bool = False) -> Netwo
         raise InvalidArgument(f"no DNS server for the session: the host's resolvers ({', '.join(found) or 'none'}) "
                               f"are not reached through {policy.upstream!r}; name one, e.g. "
                               f"{{'policy': 'nat', 'upstream': {policy.upstream!r}, 'dns': ['<address>']}}",
-                              reason="NO_DNS")
+                              reason=Reason.NO_DNS)
     return NetworkPolicy("nat", policy.upstream, tuple(usable), policy.allow)
 
 

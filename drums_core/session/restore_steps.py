@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..errors import DrumsError, Internal, Unavailable
+from ..reasons import Reason
 from .criu import summary as criu_summary
 
 log = logging.getLogger("drums.restore")
@@ -100,15 +101,15 @@ def rolled_back(exc: BaseException, snapshot: str, corrupt: Callable[[], str | N
     """
     step = step_of(exc)
     where = f" at step {step}" if step is not None else ""
-    if isinstance(exc, Unavailable) and exc.reason == "CRIU_FAILED":
+    if isinstance(exc, Unavailable) and exc.reason == Reason.CRIU_FAILED:
         broken = corrupt()
         if broken is not None:
             lines = (exc.detail or {}).get("criu_log", []) if isinstance(exc.detail, dict) else []
             return Internal(f"restore of {snapshot} failed{where} on corrupt images: {broken}; "
-                            f"CRIU: {criu_summary(lines)}", reason="IMAGES_CORRUPT",
+                            f"CRIU: {criu_summary(lines)}", reason=Reason.IMAGES_CORRUPT,
                             detail=_with_step({"criu_log": lines, "verify": broken}, step))
     if isinstance(exc, DrumsError):
-        if isinstance(exc, Unavailable) or exc.reason == "LINK_BUSY":
+        if isinstance(exc, Unavailable) or exc.reason == Reason.LINK_BUSY:
             return Unavailable(f"restore of {snapshot} failed{where} and was rolled back: {exc.message}",
                                reason=exc.reason, detail=_with_step(exc.detail, step))
         if step is None:
@@ -117,5 +118,5 @@ def rolled_back(exc: BaseException, snapshot: str, corrupt: Callable[[], str | N
                          detail=_with_step(exc.detail, step))
     if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
         return Unavailable(f"restore of {snapshot} failed{where} and was rolled back: {exc}",
-                           reason="RESTORE_FAILED", detail=_with_step(None, step))
+                           reason=Reason.RESTORE_FAILED, detail=_with_step(None, step))
     return exc

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import criu, display, faults, kernel_caps, netns, netpolicy, rootfs
 from ..config import ID_BASE
 from ..errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
+from ..reasons import Reason
 from ..host import bounded, procs
 from ..host.procs import is_alive
 from ..store.snapshots import Snapshot
@@ -96,12 +97,12 @@ class RestoreOps:
         A sibling counts as ready when ``expect_window`` (default: the snapshot's first window) is
         mapped and more than ``min_nonblank`` of its screen differs from blank (0.0: any pixel)."""
         if not isinstance(count, int) or not 1 <= count <= self.instance.slot_count:
-            raise InvalidArgument(f"count must be 1..{self.instance.slot_count}", reason="BAD_COUNT")
+            raise InvalidArgument(f"count must be 1..{self.instance.slot_count}", reason=Reason.BAD_COUNT)
         if isinstance(min_nonblank, bool) or not isinstance(min_nonblank, (int, float)) \
                 or not 0.0 <= min_nonblank < 1.0:
-            raise InvalidArgument("min_nonblank must be a number in [0, 1)", reason="BAD_NONBLANK")
+            raise InvalidArgument("min_nonblank must be a number in [0, 1)", reason=Reason.BAD_NONBLANK)
         if expect_window is not None and not isinstance(expect_window, str):
-            raise InvalidArgument("expect_window must be a string", reason="BAD_WINDOW")
+            raise InvalidArgument("expect_window must be a string", reason=Reason.BAD_WINDOW)
         try:
             snap = self.store.resolve(ref, scope)
         except NotFound as exc:
@@ -143,7 +144,7 @@ class RestoreOps:
         try:
             s = self._restore_raced(snap, ask)
         except Unavailable as exc:
-            if exc.reason in ("HOST_BUDGET", "PID_BUDGET"):  # the host's shortage, not this snapshot's fault
+            if exc.reason in (Reason.HOST_BUDGET, Reason.PID_BUDGET):  # the host's shortage, not this snapshot's fault
                 raise
             with self._lock:
                 streak = self._retry_streak.get(snap.id, 0) + 1
@@ -152,7 +153,7 @@ class RestoreOps:
                 with self._lock:
                     self._retry_streak[snap.id] = 0
                 raise Internal(f"restore of {snap.id} failed {streak} times in a row: {exc.message}",
-                               reason="RETRIES_EXHAUSTED", detail=exc.detail) from exc
+                               reason=Reason.RETRIES_EXHAUSTED, detail=exc.detail) from exc
             raise
         except DrumsError:
             with self._lock:
@@ -183,13 +184,13 @@ class RestoreOps:
         lowers, _ = self.image_lowers(spec.image)
         broken = self.store.broken_reason(snap.id)
         if broken:
-            raise Internal(f"snapshot {snap.id} is broken: {broken}", reason="SNAPSHOT_BROKEN", detail=broken)
+            raise Internal(f"snapshot {snap.id} is broken: {broken}", reason=Reason.SNAPSHOT_BROKEN, detail=broken)
         try:
             # CRIU spins instead of failing on a truncated pages image: check the recorded sizes first
             self.store.verify(snap)
         except Internal as corrupt:
             self.store.mark_broken(snap.id, corrupt.message)
-            raise Internal(f"snapshot {snap.id} has corrupt images: {corrupt.message}", reason="IMAGES_CORRUPT",
+            raise Internal(f"snapshot {snap.id} has corrupt images: {corrupt.message}", reason=Reason.IMAGES_CORRUPT,
                            detail={"verify": corrupt.message, "criu_log": []}) from corrupt
         s = self._new_session(spec, self._alloc_slot())
         s.snapshot = snap.id
@@ -272,7 +273,7 @@ class RestoreOps:
                 if dead:
                     self._teardown(s)
                     raise Internal(f"restored session {s.id} failed its liveness check: {dead}",
-                                   reason="LIVENESS_FAILED", detail=dead)
+                                   reason=Reason.LIVENESS_FAILED, detail=dead)
             s.liveness = Liveness.OK
         else:
             threading.Thread(target=self._liveness_later, args=(s, expected), daemon=True).start()
@@ -319,7 +320,7 @@ class RestoreOps:
         try:
             netns.in_namespaces(s.init_pid, {"uts": 0x04000000}, lambda: _socket.sethostname(s.hostname))
         except OSError as exc:
-            raise Unavailable(f"could not set hostname: {exc}", reason="RESEED_FAILED") from exc
+            raise Unavailable(f"could not set hostname: {exc}", reason=Reason.RESEED_FAILED) from exc
         if s.spec.reseed_path and s.spec.wait_port:
             # The guest's answer is the session's to shape: each attempt (connect, headers, body) is
             # bounded in time and bytes (SESSION_REPLY_TIMEOUT / SESSION_REPLY_TOO_LARGE fail this
@@ -333,16 +334,16 @@ class RestoreOps:
                                              what=what)
                 except (OSError, http.client.HTTPException) as exc:
                     if time.monotonic() > deadline:
-                        raise Unavailable(f"reseed hook unreachable: {exc}", reason="RESEED_FAILED") from exc
+                        raise Unavailable(f"reseed hook unreachable: {exc}", reason=Reason.RESEED_FAILED) from exc
                     time.sleep(0.02)
                     continue
                 if r.status != 200:
-                    raise Unavailable(f"reseed hook answered {r.status}", reason="RESEED_FAILED")
+                    raise Unavailable(f"reseed hook answered {r.status}", reason=Reason.RESEED_FAILED)
                 try:
                     reply = json.loads(r.body)
                 except ValueError as exc:
                     raise Unavailable(f"reseed hook answered no JSON: {r.body[:200]!r}",
-                                      reason="RESEED_FAILED") from exc
+                                      reason=Reason.RESEED_FAILED) from exc
                 s.timings["reseed_draw"] = reply.get("draw") if isinstance(reply, dict) else None
                 break
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..host import linux, safepath
 from ..config import GUEST_CODE, GUEST_SITE
 from ..errors import FailedPrecondition, Internal
+from ..reasons import Reason
 
 
 def is_mountpoint(path: Path) -> bool:
@@ -105,7 +106,7 @@ def mount_overlay(lowers: list[Path | str], upper: Path, work: Path, target: Pat
     if line > CRIU_MOUNTINFO_LINE:
         raise FailedPrecondition(
             f"a root of {len(lowers)} layers would need a mount line of {line} bytes; CRIU reads at most "
-            f"{CRIU_MOUNTINFO_LINE}: restore from a shorter chain of checkpoints", reason="CHAIN_TOO_DEEP",
+            f"{CRIU_MOUNTINFO_LINE}: restore from a shorter chain of checkpoints", reason=Reason.CHAIN_TOO_DEEP,
             detail={"layers": len(lowers), "line_bytes": line, "limit": CRIU_MOUNTINFO_LINE})
     linux.mount("overlay", str(target), "overlay", 0, opts)
     linux.mount("none", str(target), None, linux.MS_PRIVATE)
@@ -130,7 +131,7 @@ def layer_alias(alias_dir: Path, layer: Path | str) -> str:
         except FileExistsError:
             if os.path.islink(link) and os.readlink(link) == target:
                 return str(link)
-    raise Internal(f"no free alias for layer {target} in {alias_dir}", reason="ALIAS_CLASH")
+    raise Internal(f"no free alias for layer {target} in {alias_dir}", reason=Reason.ALIAS_CLASH)
 
 
 def prune_aliases(alias_dir: Path) -> int:

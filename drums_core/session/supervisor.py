@@ -27,6 +27,7 @@ from ..config import (GUEST_CODE, GUEST_PYTHON, ID_BASE, ID_COUNT, SESSION_PATH,
                      SESSION_USER, X11_DIR, Instance, check_name, display_number, host_ifname, nft_table_name,
                      slot_addresses)
 from ..errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from ..reasons import Reason
 from .checkpointing import CheckpointOps, CheckpointFlight, wait_init_dead
 from .model import Liveness, Session, SessionSpec, State, init_start_time
 from .restoring import RestoreOps
@@ -116,7 +117,7 @@ class Supervisor(CheckpointOps, RestoreOps):
                 if slot not in self._slots_in_use:
                     self._slots_in_use.add(slot)
                     return slot
-        raise Unavailable(f"all {self.instance.slot_count} session slots are in use", reason="NO_SLOT")
+        raise Unavailable(f"all {self.instance.slot_count} session slots are in use", reason=Reason.NO_SLOT)
 
     def _free_slot(self, slot: int) -> None:
         with self._lock:
@@ -137,17 +138,18 @@ class Supervisor(CheckpointOps, RestoreOps):
         if snap.image_hash is None:
             raise FailedPrecondition(f"snapshot {snap.id} was made over the host's root filesystem, before Drums "
                                      "built its own desktop images; it cannot be restored: re-create it",
-                                     reason="SNAPSHOT_PREDATES_IMAGES")
+                                     reason=Reason.SNAPSHOT_PREDATES_IMAGES)
         manifest = images.get(snap.image)
         if manifest.content_hash != snap.image_hash:
             raise FailedPrecondition(
                 f"snapshot {snap.id} was made on image {snap.image!r} {snap.image_hash[:12]}, but this host has "
                 f"{snap.image!r} {manifest.content_hash[:12]}: build that version here (`drums image build "
-                f"{snap.image}` with the spec it was made from) or re-create the snapshot", reason="IMAGE_MISMATCH",
+                f"{snap.image}` with the spec it was made from) or re-create the snapshot",
+                reason=Reason.IMAGE_MISMATCH,
                 detail={"image": snap.image, "want": snap.image_hash, "have": manifest.content_hash})
         if snap.id_base != ID_BASE:
             raise FailedPrecondition(f"snapshot {snap.id} was made with id base {snap.id_base}, this host uses "
-                                     f"{ID_BASE} (DRUMS_ID_BASE)", reason="ID_BASE_MISMATCH")
+                                     f"{ID_BASE} (DRUMS_ID_BASE)", reason=Reason.ID_BASE_MISMATCH)
 
     def _stacked_on(self) -> tuple[set, set]:
         """What live sessions stack on: their layers' paths, and the snapshots they were restored from."""
@@ -156,16 +158,16 @@ class Supervisor(CheckpointOps, RestoreOps):
 
     def get(self, sid: str) -> Session:
         if not isinstance(sid, str):
-            raise InvalidArgument(f"invalid session id {sid!r}", reason="INVALID_NAME")
+            raise InvalidArgument(f"invalid session id {sid!r}", reason=Reason.INVALID_NAME)
         s = self.sessions.get(sid)
         if s is None:
-            raise NotFound(f"no session {sid!r}", reason="SESSION_NOT_FOUND")
+            raise NotFound(f"no session {sid!r}", reason=Reason.SESSION_NOT_FOUND)
         return s
 
     def _usable(self, sid: str) -> Session:
         s = self.get(sid)
         if s.state == State.BROKEN:
-            raise Internal(f"session {sid} is broken: {s.broken}", reason="SESSION_BROKEN", detail=s.broken)
+            raise Internal(f"session {sid} is broken: {s.broken}", reason=Reason.SESSION_BROKEN, detail=s.broken)
         return s
 
     def _new_session(self, spec: SessionSpec, slot: int, sid: str | None = None) -> Session:
@@ -265,9 +267,10 @@ class Supervisor(CheckpointOps, RestoreOps):
             have = images.get(s.spec.image).content_hash
             if s.image_hash and have != s.image_hash:
                 raise Unavailable(f"image {s.spec.image!r} changed to {have[:12]} while {s.id} was being made",
-                                  reason="IMAGE_CHANGED")
+                                  reason=Reason.IMAGE_CHANGED)
             if Path(lowers[-1]) != Path(rootfs_dir):
-                raise Internal(f"image layer {lowers[-1]} is not the image's rootfs {rootfs_dir}", reason="BAD_LAYERS")
+                raise Internal(f"image layer {lowers[-1]} is not the image's rootfs {rootfs_dir}",
+                               reason=Reason.BAD_LAYERS)
             snapshots = str(self.instance.snapshots_dir) + "/"
             lowers = [rootfs.layer_alias(self.layer_aliases, p) if str(p).startswith(snapshots) else p
                       for p in lowers]
@@ -305,14 +308,14 @@ class Supervisor(CheckpointOps, RestoreOps):
         while time.monotonic() < deadline:
             dead = self._alive_reason(s)
             if dead:
-                raise Unavailable(f"session died while starting: {dead}", reason="SESSION_DIED")
+                raise Unavailable(f"session died while starting: {dead}", reason=Reason.SESSION_DIED)
             try:
                 with socket.create_connection((s.address, port), timeout=0.5):
                     return
             except OSError as exc:
                 last = exc
                 time.sleep(0.02)
-        raise Unavailable(f"guest port {port} not answering after {timeout}s: {last}", reason="NOT_READY")
+        raise Unavailable(f"guest port {port} not answering after {timeout}s: {last}", reason=Reason.NOT_READY)
 
     # ----------------------------------------------------------------- create
     def create(self, spec: dict | SessionSpec | None = None) -> Session:
@@ -368,7 +371,7 @@ class Supervisor(CheckpointOps, RestoreOps):
             if isinstance(exc, DrumsError):
                 raise Unavailable(f"session start failed: {exc.message}", reason=exc.reason, detail=exc.detail) from exc
             if isinstance(exc, (OSError, subprocess.SubprocessError, ValueError)):
-                raise Unavailable(f"session start failed: {exc}", reason="START_FAILED") from exc
+                raise Unavailable(f"session start failed: {exc}", reason=Reason.START_FAILED) from exc
             raise
 
     def _check_programs(self, s: Session) -> None:
@@ -377,13 +380,14 @@ class Supervisor(CheckpointOps, RestoreOps):
         root, whose /bin is a symlink to usr/bin): else it is not made, with a reason naming the program
         (FailedPrecondition ``DESKTOP_MISSING`` for the desktop session, ``PROGRAM_MISSING`` otherwise),
         instead of a session init that died starting it."""
-        wanted: list[tuple[str, str, str]] = []  # (program, what it is, reason)
+        wanted: list[tuple[str, str, Reason]] = []  # (program, what it is, reason)
         if s.spec.desktop:
-            wanted.append((s.spec.desktop["argv"][0], f"the desktop {s.spec.desktop['name']!r}", "DESKTOP_MISSING"))
+            wanted.append((s.spec.desktop["argv"][0], f"the desktop {s.spec.desktop['name']!r}",
+                           Reason.DESKTOP_MISSING))
         elif s.spec.window_manager:
-            wanted.append((s.spec.window_manager, "the window manager", "PROGRAM_MISSING"))
+            wanted.append((s.spec.window_manager, "the window manager", Reason.PROGRAM_MISSING))
         for prog in s.spec.programs:
-            wanted.append((prog["argv"][0], f"the program {prog['name']!r}", "PROGRAM_MISSING"))
+            wanted.append((prog["argv"][0], f"the program {prog['name']!r}", Reason.PROGRAM_MISSING))
         with safepath.root_fd(s.root) as rfd:
             for prog, what, reason in wanted:
                 rels = [prog] if "/" in prog else [f"{d}/{prog}" for d in SESSION_PATH.split(":")]
@@ -406,7 +410,7 @@ class Supervisor(CheckpointOps, RestoreOps):
         out = subprocess.run([sys.executable, "-m", "drums_core.session.launch", str(launch_file)], capture_output=True,
                              text=True, timeout=30, env=env, cwd="/", preexec_fn=lambda: cgroups.enter(paths))
         if out.returncode != 0:
-            raise Unavailable(f"session launcher failed: {out.stderr.strip()[-2000:]}", reason="LAUNCH_FAILED")
+            raise Unavailable(f"session launcher failed: {out.stderr.strip()[-2000:]}", reason=Reason.LAUNCH_FAILED)
         return int(out.stdout.strip().splitlines()[-1])
 
     # ----------------------------------------------------------------- teardown
@@ -466,7 +470,7 @@ class Supervisor(CheckpointOps, RestoreOps):
     def destroy(self, sid: str) -> dict:
         s = self.get(sid)
         if not s.lock.acquire(timeout=30):
-            raise Busy(f"session {sid} is busy", reason="SESSION_BUSY")
+            raise Busy(f"session {sid} is busy", reason=Reason.SESSION_BUSY)
         try:
             s.state = State.STOPPING
             self.ledger.update("session", s.id, state=State.STOPPING.value)
@@ -490,11 +494,11 @@ class Supervisor(CheckpointOps, RestoreOps):
              input: str | None = None) -> dict:
         s = self._usable(sid)
         if not argv or not all(isinstance(a, str) for a in argv):
-            raise InvalidArgument("exec needs a non-empty list of strings", reason="BAD_COMMAND")
+            raise InvalidArgument("exec needs a non-empty list of strings", reason=Reason.BAD_COMMAND)
         env = {"PATH": SESSION_PATH, "LANG": "C.UTF-8", "DISPLAY": ":0"}
         if user not in (None, "root"):
             if user != SESSION_USER:
-                raise InvalidArgument(f"unknown user {user!r}", reason="BAD_USER")
+                raise InvalidArgument(f"unknown user {user!r}", reason=Reason.BAD_USER)
             uid, cwd = SESSION_UID, f"/home/{user}"
             env.update({"HOME": cwd, "USER": user, "LOGNAME": user, "XDG_RUNTIME_DIR": f"/run/user/{SESSION_UID}",
                         "DBUS_SESSION_BUS_ADDRESS": f"unix:path=/run/user/{SESSION_UID}/bus"})
@@ -517,7 +521,7 @@ class Supervisor(CheckpointOps, RestoreOps):
                               env=host_env, cwd="/", what=f"output of exec in {sid}")
         except Unavailable as exc:
             if exc.reason == bounded.TIMEOUT:
-                raise Unavailable(f"command timed out after {timeout}s", reason="EXEC_TIMEOUT") from exc
+                raise Unavailable(f"command timed out after {timeout}s", reason=Reason.EXEC_TIMEOUT) from exc
             raise
         return {"returncode": out.returncode, "stdout": _text(out.stdout), "stderr": _text(out.stderr)}
 

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from ..session import faults
 from ..errors import FailedPrecondition, NotFound, Unavailable
+from ..reasons import Reason
 from .snapshots import MANIFEST, Snapshot, SnapshotStore
 
 log = logging.getLogger("drums.store")
@@ -75,11 +76,11 @@ def parse_size(text: str, whole: int | None = None) -> int:
         except ValueError:
             pct = -1.0
         if whole is None or not 0 < pct <= 100:
-            raise InvalidArgument(f"bad size {text!r}: a percentage in (0, 100]", reason="BAD_SIZE")
+            raise InvalidArgument(f"bad size {text!r}: a percentage in (0, 100]", reason=Reason.BAD_SIZE)
         return int(whole * pct / 100)
     m = _SIZE.match(t)
     if not m:
-        raise InvalidArgument(f"bad size {text!r}: bytes, or a number with k, m, g or t", reason="BAD_SIZE")
+        raise InvalidArgument(f"bad size {text!r}: bytes, or a number with k, m, g or t", reason=Reason.BAD_SIZE)
     return int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2).lower() or " "))))
 
 
@@ -127,7 +128,7 @@ class BudgetConfig:
             if not spill_root.is_absolute():
                 from ..errors import InvalidArgument
 
-                raise InvalidArgument(f"DRUMS_SPILL_DIR must be absolute: {spill!r}", reason="BAD_SPILL_DIR")
+                raise InvalidArgument(f"DRUMS_SPILL_DIR must be absolute: {spill!r}", reason=Reason.BAD_SPILL_DIR)
         floor = parse_size(env.get("DRUMS_STORE_MEM_FLOOR") or DEFAULT_MEM_FLOOR)
         raw_max = env.get("DRUMS_SNAPSHOT_MAX")
         if raw_max:
@@ -186,7 +187,7 @@ class StoreKeeper:
         so when it was evicted)."""
         with self._lock:
             if must_exist and not (self.store.path(sid) / MANIFEST).exists():
-                raise self.evicted_error(sid) or NotFound(f"no snapshot {sid!r}", reason="SNAPSHOT_NOT_FOUND")
+                raise self.evicted_error(sid) or NotFound(f"no snapshot {sid!r}", reason=Reason.SNAPSHOT_NOT_FOUND)
             self._holds[sid] = self._holds.get(sid, 0) + 1
         try:
             yield
@@ -205,7 +206,7 @@ class StoreKeeper:
             return None
         return NotFound(f"snapshot {sid} ({gone.get('name') or 'unnamed'}) was evicted from the store "
                         f"{time.time() - gone.get('time', 0):.0f} s ago to make room: it was a cache state "
-                        "nothing used", reason="SNAPSHOT_NOT_FOUND", detail={"evicted": gone})
+                        "nothing used", reason=Reason.SNAPSHOT_NOT_FOUND, detail={"evicted": gone})
 
     # ------------------------------------------------------------------ what the store holds
     def _items(self) -> dict[str, _Item]:
@@ -299,7 +300,7 @@ class StoreKeeper:
                 f"({cfg.source}) is in use and a checkpoint may need {need / MiB:.0f} MiB more "
                 f"({free / MiB:.0f} MiB free on the tmpfs); evicting and spilling what nothing uses would free "
                 f"{freed / MiB:.0f} MiB. Delete snapshots (drums snapshots lists what holds each) or raise "
-                "DRUMS_STORE_BUDGET", reason="STORE_FULL", detail=facts)
+                "DRUMS_STORE_BUDGET", reason=Reason.STORE_FULL, detail=facts)
         return plan, facts
 
     # ------------------------------------------------------------------ moves
@@ -319,7 +320,7 @@ class StoreKeeper:
             f"this checkpoint may add {need / MiB:.0f} MiB to the snapshot store (what the session's files and "
             f"memory occupy), and one checkpoint may add at most {cap / MiB:.0f} MiB "
             f"({self.config.snapshot_max_source}). Nothing was written, evicted or spilled and the session runs "
-            "on: free space in the session, or raise DRUMS_SNAPSHOT_MAX", reason="SNAPSHOT_TOO_LARGE",
+            "on: free space in the session, or raise DRUMS_SNAPSHOT_MAX", reason=Reason.SNAPSHOT_TOO_LARGE,
             detail=detail)
 
     def make_room(self, need: int, for_id: str, parts: dict | None = None, session: str | None = None) -> list[dict]:
@@ -417,21 +418,21 @@ class StoreKeeper:
             items = self._items()
             it = items.get(sid)
             if it is None:
-                raise self.evicted_error(sid) or NotFound(f"no snapshot {sid!r}", reason="SNAPSHOT_NOT_FOUND")
+                raise self.evicted_error(sid) or NotFound(f"no snapshot {sid!r}", reason=Reason.SNAPSHOT_NOT_FOUND)
             entry = {"time": time.time(), "action": "spilled", "id": sid, "name": it.snap.name,
                      "scope": it.snap.scope, "retention": it.snap.retention, "size": it.size,
                      "last_used": it.last_used, "why": "by hand", "for": None}
             if it.spilled:
                 return {**entry, "action": "already on disk"}
             if self.config.spill_root is None:
-                raise FailedPrecondition("spilling is off (DRUMS_SPILL_DIR=off)", reason="SPILL_DISABLED")
+                raise FailedPrecondition("spilling is off (DRUMS_SPILL_DIR=off)", reason=Reason.SPILL_DISABLED)
             layers, ids = self.in_use()
             why = self._blocked(it, layers, ids) or (None if it.snap.state == "committed" else it.snap.state)
             if why is not None:
-                raise FailedPrecondition(f"snapshot {sid} cannot be spilled now: {why}", reason="SNAPSHOT_IN_USE")
+                raise FailedPrecondition(f"snapshot {sid} cannot be spilled now: {why}", reason=Reason.SNAPSHOT_IN_USE)
             if not self._spill(it.snap, entry):
                 raise FailedPrecondition(f"snapshot {sid} could not be spilled (in use meanwhile, or the copy "
-                                         "failed: see the daemon's log)", reason="SPILL_FAILED")
+                                         "failed: see the daemon's log)", reason=Reason.SPILL_FAILED)
             return entry
 
     # ------------------------------------------------------------------ deletes by hand
@@ -442,12 +443,12 @@ class StoreKeeper:
             sessions = ["(a session)"] if sid in ids or str(self.store.path(sid) / "layer") in layers else []
             if self._holds.get(sid):
                 raise FailedPrecondition(f"snapshot {sid} is being restored or checkpointed",
-                                         reason="SNAPSHOT_IN_USE")
+                                         reason=Reason.SNAPSHOT_IN_USE)
             snap = self.store.get(sid, committed_only=False)
             children = self.store.users_of(sid)
             if children or sessions:
                 raise FailedPrecondition(f"snapshot {sid} is in use by snapshots {children} and sessions",
-                                         reason="SNAPSHOT_IN_USE")
+                                         reason=Reason.SNAPSHOT_IN_USE)
             retired = self.store.retire(snap.id)
         self.store.purge(retired)
 

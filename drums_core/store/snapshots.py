@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import FailedPrecondition, Internal, InvalidArgument, NotFound
+from ..reasons import Reason
 from ..host.procs import boot_id
 from . import usage
 
@@ -146,7 +147,7 @@ class SnapshotStore:
         if not staged.exists():
             if (self.path(sid) / MANIFEST).exists():
                 return self.commit(sid)
-            raise NotFound(f"no staged snapshot {sid}", reason="SNAPSHOT_NOT_FOUND")
+            raise NotFound(f"no staged snapshot {sid}", reason=Reason.SNAPSHOT_NOT_FOUND)
         marker = json.loads((staged / DUMPED).read_text())
         snap = Snapshot(**marker["snapshot"])
         (staged / "images").mkdir(exist_ok=True)
@@ -193,13 +194,14 @@ class SnapshotStore:
             try:
                 actual = p.stat().st_size
             except FileNotFoundError:
-                raise Internal(f"snapshot {snap.id}: image file {name} is missing", reason="IMAGES_CORRUPT") from None
+                raise Internal(f"snapshot {snap.id}: image file {name} is missing",
+                               reason=Reason.IMAGES_CORRUPT) from None
             if actual != size:
                 raise Internal(f"snapshot {snap.id}: image file {name} is {actual} bytes, recorded {size}",
-                               reason="IMAGES_CORRUPT")
+                               reason=Reason.IMAGES_CORRUPT)
         for layer in snap.layers:
             if not Path(layer).is_dir():
-                raise Internal(f"snapshot {snap.id}: layer {layer} is missing", reason="IMAGES_CORRUPT")
+                raise Internal(f"snapshot {snap.id}: layer {layer} is missing", reason=Reason.IMAGES_CORRUPT)
 
     def mark_broken(self, sid: str, reason: str) -> None:
         write_atomic(self.path(sid) / BROKEN, json.dumps({"reason": reason, "time": time.time()}))
@@ -216,7 +218,7 @@ class SnapshotStore:
         try:
             data = json.loads((d / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
-            raise Internal(f"snapshot manifest in {d} unreadable: {exc}", reason="MANIFEST_CORRUPT") from exc
+            raise Internal(f"snapshot manifest in {d} unreadable: {exc}", reason=Reason.MANIFEST_CORRUPT) from exc
         snap = Snapshot(**data)
         snap.state = ("broken" if (d / BROKEN).exists() else "committed" if (d / COMMITTED).exists()
                       else "published")
@@ -225,10 +227,10 @@ class SnapshotStore:
     def get(self, sid: str, *, committed_only: bool = True) -> Snapshot:
         d = self.path(sid)
         if not (d / MANIFEST).exists():
-            raise NotFound(f"no snapshot {sid!r}", reason="SNAPSHOT_NOT_FOUND")
+            raise NotFound(f"no snapshot {sid!r}", reason=Reason.SNAPSHOT_NOT_FOUND)
         snap = self._load(d)
         if committed_only and snap.state not in ("committed", "broken"):
-            raise NotFound(f"snapshot {sid!r} is not committed", reason="SNAPSHOT_NOT_FOUND")
+            raise NotFound(f"snapshot {sid!r} is not committed", reason=Reason.SNAPSHOT_NOT_FOUND)
         return snap
 
     def list(self) -> list[Snapshot]:
@@ -245,7 +247,7 @@ class SnapshotStore:
     def resolve(self, ref: str, scope: str | None = None, any_boot: bool = False) -> Snapshot:
         """A snapshot by id, or the newest committed one with that name (in ``scope`` when given)."""
         if not isinstance(ref, str) or not ref or "/" in ref or ".." in ref or "\x00" in ref:
-            raise InvalidArgument(f"invalid snapshot reference {ref!r}", reason="INVALID_NAME")
+            raise InvalidArgument(f"invalid snapshot reference {ref!r}", reason=Reason.INVALID_NAME)
         if (self.path(ref) / MANIFEST).exists():
             snap = self.get(ref)
         else:
@@ -253,11 +255,11 @@ class SnapshotStore:
                      and (scope is None or s.scope == scope)]
             if not named:
                 raise NotFound(f"no snapshot named {ref!r}" + (f" in scope {scope!r}" if scope else ""),
-                               reason="SNAPSHOT_NOT_FOUND")
+                               reason=Reason.SNAPSHOT_NOT_FOUND)
             snap = named[-1]
         if snap.boot_id != boot_id() and not any_boot:
             raise FailedPrecondition(f"snapshot {snap.id} was made on another boot ({snap.boot_id})",
-                                     reason="SNAPSHOT_OTHER_BOOT")
+                                     reason=Reason.SNAPSHOT_OTHER_BOOT)
         return snap
 
     def users_of(self, sid: str) -> list[str]:
@@ -269,7 +271,7 @@ class SnapshotStore:
         children = self.users_of(sid)
         if children or in_use_by_sessions:
             raise FailedPrecondition(f"snapshot {sid} is in use by snapshots {children} and sessions "
-                                     f"{in_use_by_sessions}", reason="SNAPSHOT_IN_USE")
+                                     f"{in_use_by_sessions}", reason=Reason.SNAPSHOT_IN_USE)
         self.purge(self.retire(snap.id))
 
     # ------------------------------------------------------------ last use, retire, spill
@@ -332,7 +334,7 @@ class SnapshotStore:
         from ..host import linux
 
         if self.spill_root is None:
-            raise FailedPrecondition("no spill directory is configured", reason="SPILL_DISABLED")
+            raise FailedPrecondition("no spill directory is configured", reason=Reason.SPILL_DISABLED)
         src = self.path(sid)
         if src.is_symlink():
             return False

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ..config import check_name
 from ..errors import DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+from ..reasons import Reason
 from ..host.procs import boot_id
 from .usage import snapshot_usage
 from .snapshots import BROKEN, COMMITTED, DUMPED, LAST_USED, MANIFEST, Snapshot, SnapshotStore, write_atomic
@@ -98,7 +99,8 @@ def _layer_owner(store_root: Path | None, layer: str) -> str:
     """The snapshot id a layer path belongs to (``<store>/<id>/layer``)."""
     p = Path(layer)
     if p.name != "layer" or (store_root is not None and p.parent.parent != store_root):
-        raise Internal(f"layer {layer} is not a snapshot layer of the store {store_root}", reason="LAYER_OUTSIDE_STORE")
+        raise Internal(f"layer {layer} is not a snapshot layer of the store {store_root}",
+                       reason=Reason.LAYER_OUTSIDE_STORE)
     return check_name(p.parent.name, "snapshot id")
 
 
@@ -107,13 +109,13 @@ def snapshot_chain(store: SnapshotStore, sid: str) -> list[Snapshot]:
     top = store.get(sid)
     ids = [_layer_owner(store.root, layer) for layer in top.layers]
     if not ids or ids[0] != top.id:
-        raise Internal(f"snapshot {sid}: its own layer is not first in {top.layers}", reason="MANIFEST_CORRUPT")
+        raise Internal(f"snapshot {sid}: its own layer is not first in {top.layers}", reason=Reason.MANIFEST_CORRUPT)
     chain = []
     for i in reversed(ids):
         snap = top if i == top.id else store.get(i)
         reason = store.broken_reason(i)
         if reason or snap.state == "broken":
-            raise FailedPrecondition(f"snapshot {i} is broken: {reason}", reason="SNAPSHOT_BROKEN", detail=reason)
+            raise FailedPrecondition(f"snapshot {i} is broken: {reason}", reason=Reason.SNAPSHOT_BROKEN, detail=reason)
         chain.append(snap)
     return chain
 
@@ -163,7 +165,7 @@ def pack(store: SnapshotStore, sid: str, dest: str | os.PathLike[str], *, skip: 
                 rc = proc.wait()
             if rc != 0:
                 raise Unavailable(f"packing snapshot {sid} failed (tar exit {rc}): {err.strip()[-1500:]}",
-                                  reason="PACK_FAILED", detail={"stderr": err[-4000:]})
+                                  reason=Reason.PACK_FAILED, detail={"stderr": err[-4000:]})
             os.rename(tmp, dest)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -181,7 +183,7 @@ def _read_bundle_manifest(tar_path: Path) -> dict:
                          capture_output=True, timeout=60, cwd="/")
     if out.returncode != 0:
         raise Internal(f"bundle {tar_path} has no readable {BUNDLE_MANIFEST}: "
-                       f"{out.stderr.decode(errors='replace').strip()[-500:]}", reason="BUNDLE_CORRUPT")
+                       f"{out.stderr.decode(errors='replace').strip()[-500:]}", reason=Reason.BUNDLE_CORRUPT)
     try:
         m = json.loads(out.stdout)
         if m.get("format") != FORMAT:
@@ -192,7 +194,7 @@ def _read_bundle_manifest(tar_path: Path) -> dict:
         if not chain or chain[-1] != top or not set(sent) <= set(chain):
             raise ValueError(f"inconsistent chain {chain} / sent {sent} / top {top}")
     except (ValueError, KeyError, TypeError) as exc:
-        raise Internal(f"bundle manifest of {tar_path} is malformed: {exc}", reason="BUNDLE_CORRUPT") from exc
+        raise Internal(f"bundle manifest of {tar_path} is malformed: {exc}", reason=Reason.BUNDLE_CORRUPT) from exc
     return m
 
 
@@ -201,17 +203,17 @@ def _check_members(tar_path: Path, sent: list[str]) -> int:
     out = subprocess.run([TAR, "--list", "--file", str(tar_path)], capture_output=True, timeout=120, cwd="/")
     if out.returncode != 0:
         raise Internal(f"cannot list bundle {tar_path}: {out.stderr.decode(errors='replace')[-500:]}",
-                       reason="BUNDLE_CORRUPT")
+                       reason=Reason.BUNDLE_CORRUPT)
     allowed = set(sent)
     names = out.stdout.decode("utf-8", "surrogateescape").splitlines()
     for name in names:
         parts = [p for p in name.split("/") if p not in ("", ".")]
         if name.startswith("/") or ".." in parts or not parts:
-            raise Internal(f"bundle member {name!r} escapes the bundle", reason="BUNDLE_CORRUPT")
+            raise Internal(f"bundle member {name!r} escapes the bundle", reason=Reason.BUNDLE_CORRUPT)
         if parts == [BUNDLE_MANIFEST]:
             continue
         if parts[0] not in allowed:
-            raise Internal(f"bundle member {name!r} is not under a snapshot it declares", reason="BUNDLE_CORRUPT")
+            raise Internal(f"bundle member {name!r} is not under a snapshot it declares", reason=Reason.BUNDLE_CORRUPT)
     return len(names)
 
 
@@ -229,7 +231,7 @@ def check_layer(layer: Path) -> None:
     from ..config import ID_BASE, ID_COUNT
 
     def bad(path: str, why: str) -> Internal:
-        return Internal(f"bundle layer {layer}: {os.path.relpath(path, layer)}: {why}", reason="BUNDLE_UNSAFE")
+        return Internal(f"bundle layer {layer}: {os.path.relpath(path, layer)}: {why}", reason=Reason.BUNDLE_UNSAFE)
 
     for dirpath, dirs, files in os.walk(layer):
         for name in [*dirs, *files]:
@@ -257,12 +259,12 @@ def _verify_sizes(d: Path, snap: Snapshot) -> None:
             actual = p.stat().st_size
         except FileNotFoundError:
             raise Internal(f"imported snapshot {snap.id}: image file {name} is missing",
-                           reason="IMAGES_CORRUPT") from None
+                           reason=Reason.IMAGES_CORRUPT) from None
         if actual != size:
             raise Internal(f"imported snapshot {snap.id}: image file {name} is {actual} bytes, recorded {size}",
-                           reason="IMAGES_CORRUPT")
+                           reason=Reason.IMAGES_CORRUPT)
     if not (d / "layer").is_dir():
-        raise Internal(f"imported snapshot {snap.id} has no layer", reason="IMAGES_CORRUPT")
+        raise Internal(f"imported snapshot {snap.id} has no layer", reason=Reason.IMAGES_CORRUPT)
 
 
 def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expected_sha: str) -> dict:
@@ -277,19 +279,19 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
     t0 = time.monotonic()
     if not isinstance(expected_sha, str) or not _SHA_RE.match(expected_sha):
         raise InvalidArgument(f"expected sha256 must be 64 lowercase hex digits, not {expected_sha!r}",
-                              reason="BAD_CHECKSUM")
+                              reason=Reason.BAD_CHECKSUM)
     tar_path = Path(tar_path)
     if not tar_path.is_absolute():
-        raise InvalidArgument(f"bundle path must be absolute: {tar_path}", reason="BAD_PATH")
+        raise InvalidArgument(f"bundle path must be absolute: {tar_path}", reason=Reason.BAD_PATH)
     try:
         size = tar_path.stat().st_size
         actual = sha256_file(tar_path)
     except FileNotFoundError:
-        raise NotFound(f"no bundle at {tar_path}", reason="BUNDLE_NOT_FOUND") from None
+        raise NotFound(f"no bundle at {tar_path}", reason=Reason.BUNDLE_NOT_FOUND) from None
     t_verify = time.monotonic() - t0
     if actual != expected_sha:
         raise Unavailable(f"bundle {tar_path.name} is corrupt: sha256 {actual}, the sender's {expected_sha}",
-                          reason="CHECKSUM_MISMATCH", detail={"expected": expected_sha, "actual": actual})
+                          reason=Reason.CHECKSUM_MISMATCH, detail={"expected": expected_sha, "actual": actual})
     m = _read_bundle_manifest(tar_path)
     members = _check_members(tar_path, m["sent"])
     staging = store.staging(f"import-{uuid.uuid4().hex[:16]}")
@@ -303,7 +305,7 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
                               "--same-owner", "-C", str(staging)], capture_output=True, timeout=600, cwd="/")
         if out.returncode != 0:
             raise Internal(f"extracting bundle {tar_path.name} failed: "
-                           f"{out.stderr.decode(errors='replace').strip()[-1500:]}", reason="BUNDLE_CORRUPT")
+                           f"{out.stderr.decode(errors='replace').strip()[-1500:]}", reason=Reason.BUNDLE_CORRUPT)
         t_extract = time.monotonic() - t1
         t2 = time.monotonic()
         chain_ids = list(m["chain"])
@@ -313,32 +315,32 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
                 have = store.get(sid, committed_only=False)
                 if have.state == "broken":
                     raise FailedPrecondition(f"snapshot {sid} is here already and broken: "
-                                             f"{store.broken_reason(sid)}", reason="SNAPSHOT_BROKEN")
+                                             f"{store.broken_reason(sid)}", reason=Reason.SNAPSHOT_BROKEN)
                 if have.state == "published":
                     store.commit(sid)
                 present.append(sid)
                 continue
             if sid not in m["sent"]:
                 raise FailedPrecondition(f"snapshot {sid} (an ancestor of {m['top']}) is neither in the bundle nor "
-                                         f"in this store", reason="PARENT_MISSING")
+                                         f"in this store", reason=Reason.PARENT_MISSING)
             d = staging / sid
             try:
                 snap = Snapshot(**json.loads((d / MANIFEST).read_text()))
             except (OSError, ValueError, TypeError) as exc:
                 raise Internal(f"manifest of {sid} in the bundle is unreadable: {exc}",
-                               reason="BUNDLE_CORRUPT") from exc
+                               reason=Reason.BUNDLE_CORRUPT) from exc
             if snap.id != sid:
-                raise Internal(f"bundle directory {sid} holds the manifest of {snap.id}", reason="BUNDLE_CORRUPT")
+                raise Internal(f"bundle directory {sid} holds the manifest of {snap.id}", reason=Reason.BUNDLE_CORRUPT)
             owners = [_layer_owner(None, layer) for layer in snap.layers]
             if not owners or owners[0] != sid or not set(owners) <= set(chain_ids):
                 raise Internal(f"snapshot {sid} stacks on layers outside its chain: {snap.layers}",
-                               reason="BUNDLE_CORRUPT")
+                               reason=Reason.BUNDLE_CORRUPT)
             _verify_sizes(d, snap)
             check_layer(d / "layer")
             measured = snapshot_usage(d)  # what it occupies here, never the size the sender claims
             if not measured["layer"]["complete"]:
                 raise Internal(f"snapshot {sid}: its layer could not be measured ({measured['basis']})",
-                               reason="BUNDLE_UNSAFE")
+                               reason=Reason.BUNDLE_UNSAFE)
             snap.usage, snap.size = measured, measured["size"]
             provenance = {"sha256": actual, "bundle_top": m["top"], "source_boot_id": snap.boot_id,
                           "source_layers": list(snap.layers), "imported": time.time()}
@@ -364,7 +366,7 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
     except DrumsError:
         raise
     except (OSError, subprocess.SubprocessError) as exc:
-        raise Unavailable(f"import of {m['top']} failed: {exc}", reason="IMPORT_FAILED") from exc
+        raise Unavailable(f"import of {m['top']} failed: {exc}", reason=Reason.IMPORT_FAILED) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     top = store.get(m["top"])
@@ -378,7 +380,7 @@ def import_snapshot(store: SnapshotStore, tar_path: str | os.PathLike[str], expe
 
 def _spool_path(value, what: str) -> Path:
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value or ".." in value.split("/"):
-        raise InvalidArgument(f"{what} must be an absolute path without '..': {value!r}", reason="BAD_PATH")
+        raise InvalidArgument(f"{what} must be an absolute path without '..': {value!r}", reason=Reason.BAD_PATH)
     return Path(value)
 
 
@@ -392,8 +394,8 @@ def dispatch(store: SnapshotStore, op: str, args: dict):
     if op == "export_snapshot":
         skip = args.get("skip") or []
         if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
-            raise InvalidArgument("skip must be a list of snapshot ids", reason="BAD_REQUEST")
+            raise InvalidArgument("skip must be a list of snapshot ids", reason=Reason.BAD_REQUEST)
         return pack(store, args["snapshot"], _spool_path(args["dest"], "dest"), skip=skip).to_dict()
     if op == "import_snapshot":
         return import_snapshot(store, _spool_path(args["path"], "path"), args["sha256"])
-    raise InvalidArgument(f"unknown transfer operation {op!r}", reason="UNKNOWN_OP")
+    raise InvalidArgument(f"unknown transfer operation {op!r}", reason=Reason.UNKNOWN_OP)

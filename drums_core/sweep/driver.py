@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import InvalidArgument
+from ..reasons import Reason
 from ..host import procs
 from .hostops import KILL_TIMEOUT, MAX_PASSES
 from .ledger import Entry, Ledger, check_run
@@ -68,7 +69,7 @@ def sweep(ledger_root: Path | str, run: str | None = None, dry_run: bool = False
     """
     root = Path(ledger_root)
     if select is not None and run is None:
-        raise InvalidArgument("sweep(select=...) needs run", reason="INVALID_ARGUMENT")
+        raise InvalidArgument("sweep(select=...) needs run", reason=Reason.INVALID_ARGUMENT)
     report = SweepReport(ledger_root=str(root), dry_run=dry_run)
     try:
         all_runs = Ledger.runs(root)

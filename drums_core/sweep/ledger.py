@@ -62,6 +62,7 @@ from typing import Any
 
 from ..host import procs
 from ..errors import Busy, FailedPrecondition, Internal, InvalidArgument, NotFound
+from ..reasons import Reason
 
 OWNER = "owner.json"
 TMP_PREFIX = ".tmp."
@@ -77,10 +78,10 @@ class LedgerCorrupt(Internal):
     ``path`` names the offending file. Nothing was changed.
     """
 
-    default_reason = "LEDGER_CORRUPT"
+    default_reason = Reason.LEDGER_CORRUPT
 
     def __init__(self, message: str, *, path: str | os.PathLike | None = None) -> None:
-        super().__init__(message, reason="LEDGER_CORRUPT", detail=str(path) if path else None)
+        super().__init__(message, reason=Reason.LEDGER_CORRUPT, detail=str(path) if path else None)
         self.path = str(path) if path else None
 
 
@@ -94,7 +95,8 @@ class Entry:
 
 def check_run(run: str) -> str:
     if not isinstance(run, str) or not RUN_RE.match(run) or ".." in run:
-        raise InvalidArgument(f"invalid run id {run!r}: letters, digits, '_', '.', ':', '-'", reason="INVALID_NAME")
+        raise InvalidArgument(f"invalid run id {run!r}: letters, digits, '_', '.', ':', '-'",
+                              reason=Reason.INVALID_NAME)
     return run
 
 
@@ -160,7 +162,7 @@ def write_atomic(directory: Path, name: str, payload: bytes) -> None:
 
 def _check_kind(kind: str) -> str:
     if kind not in Ledger.KINDS:
-        raise InvalidArgument(f"unknown ledger kind {kind!r}", reason="INVALID_ARGUMENT")
+        raise InvalidArgument(f"unknown ledger kind {kind!r}", reason=Reason.INVALID_ARGUMENT)
     return kind
 
 
@@ -168,11 +170,11 @@ def _check_key(key: str | os.PathLike) -> str:
     if isinstance(key, os.PathLike):
         key = os.fspath(key)
     if not isinstance(key, str) or not key or "\0" in key:
-        raise InvalidArgument(f"invalid ledger key {key!r}", reason="INVALID_ARGUMENT")
+        raise InvalidArgument(f"invalid ledger key {key!r}", reason=Reason.INVALID_ARGUMENT)
     try:
         key.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"ledger key {key!r} is not UTF-8", reason="INVALID_ARGUMENT") from exc
+        raise InvalidArgument(f"ledger key {key!r} is not UTF-8", reason=Reason.INVALID_ARGUMENT) from exc
     return key
 
 
@@ -215,13 +217,13 @@ class Ledger:
         led = cls(root, run)
         led.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if os.path.lexists(led.path):
-            raise FailedPrecondition(f"ledger run {run!r} already exists in {led.root}", reason="RUN_EXISTS")
+            raise FailedPrecondition(f"ledger run {run!r} already exists in {led.root}", reason=Reason.RUN_EXISTS)
         tmp = led.root / f"{TMP_PREFIX}{run}.{secrets.token_hex(6)}"
         tmp.mkdir(mode=0o700)
         try:
             write_atomic(tmp, OWNER, json.dumps(_owner_record(run, pid), sort_keys=True).encode())
             if os.path.lexists(led.path):
-                raise FailedPrecondition(f"ledger run {run!r} already exists in {led.root}", reason="RUN_EXISTS")
+                raise FailedPrecondition(f"ledger run {run!r} already exists in {led.root}", reason=Reason.RUN_EXISTS)
             os.rename(tmp, led.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -237,7 +239,7 @@ class Ledger:
         """Open an existing run's ledger without claiming it. NotFound if it does not exist."""
         led = cls(root, run)
         if not led.path.is_dir():
-            raise NotFound(f"no ledger for run {run!r} in {led.root}", reason="LEDGER_NOT_FOUND")
+            raise NotFound(f"no ledger for run {run!r} in {led.root}", reason=Reason.LEDGER_NOT_FOUND)
         return led
 
     @staticmethod
@@ -296,7 +298,7 @@ class Ledger:
         """
         with self._lock, self.locked():
             if not self.exists():
-                raise NotFound(f"no ledger for run {self.run!r}", reason="LEDGER_NOT_FOUND")
+                raise NotFound(f"no ledger for run {self.run!r}", reason=Reason.LEDGER_NOT_FOUND)
             prev = None
             with contextlib.suppress(LedgerCorrupt):
                 prev = self.owner()
@@ -318,13 +320,13 @@ class Ledger:
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except FileNotFoundError as exc:
-                raise NotFound(f"no ledger for run {self.run!r}", reason="LEDGER_NOT_FOUND") from exc
+                raise NotFound(f"no ledger for run {self.run!r}", reason=Reason.LEDGER_NOT_FOUND) from exc
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
                 except BlockingIOError as exc:
                     raise Busy(f"ledger of run {self.run!r} is locked by another sweep",
-                               reason="LEDGER_BUSY") from exc
+                               reason=Reason.LEDGER_BUSY) from exc
                 self._flock_fd = fd
                 try:
                     yield
@@ -352,7 +354,8 @@ class Ledger:
         with self._lock:
             old = self._read_entry_file(self.path / entry_filename(kind, key), missing_ok=True)
             if old is None:
-                raise NotFound(f"no ledger entry {kind} {key!r} in run {self.run}", reason="LEDGER_ENTRY_NOT_FOUND")
+                raise NotFound(f"no ledger entry {kind} {key!r} in run {self.run}",
+                               reason=Reason.LEDGER_ENTRY_NOT_FOUND)
             merged = dict(old.data)
             merged.update(data)
             entry = Entry(kind=kind, key=key, data=merged, created=old.created)
@@ -424,7 +427,7 @@ class Ledger:
     # ------------------------------------------------------------------ internals
     def _require_dir(self) -> None:
         if not self.path.is_dir():
-            raise NotFound(f"no ledger for run {self.run!r} in {self.root}", reason="LEDGER_NOT_FOUND")
+            raise NotFound(f"no ledger for run {self.run!r} in {self.root}", reason=Reason.LEDGER_NOT_FOUND)
 
     def _write(self, entry: Entry, now: float) -> None:
         doc = {"v": FORMAT, "kind": entry.kind, "key": entry.key, "created": entry.created, "updated": now,
@@ -433,12 +436,12 @@ class Ledger:
             payload = json.dumps(doc, sort_keys=True, default=_json_default).encode()
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"ledger data for {entry.kind} {entry.key!r} is not JSON: {exc}",
-                                  reason="INVALID_ARGUMENT") from exc
+                                  reason=Reason.INVALID_ARGUMENT) from exc
         entry.data = json.loads(payload)["data"]
         try:
             write_atomic(self.path, entry_filename(entry.kind, entry.key), payload)
         except FileNotFoundError as exc:
-            raise NotFound(f"no ledger for run {self.run!r} in {self.root}", reason="LEDGER_NOT_FOUND") from exc
+            raise NotFound(f"no ledger for run {self.run!r} in {self.root}", reason=Reason.LEDGER_NOT_FOUND) from exc
 
     def _read_entry_file(self, path: Path, missing_ok: bool) -> Entry | None:
         try:
@@ -466,6 +469,6 @@ def _owner_record(run: str, pid: int | None) -> dict:
     pid = os.getpid() if pid is None else pid
     start = procs.starttime(pid)
     if start is None:
-        raise InvalidArgument(f"cannot own a ledger by pid {pid}: no such process", reason="INVALID_ARGUMENT")
+        raise InvalidArgument(f"cannot own a ledger by pid {pid}: no such process", reason=Reason.INVALID_ARGUMENT)
     return {"v": FORMAT, "run": run, "pid": pid, "starttime": start, "boot_id": procs.boot_id(),
             "created": time.time()}

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import Busy, DrumsError
+from ..reasons import Reason
 from ..host import mounttable, ownedpaths, procs
 from . import hostops
 from .hostops import fault
@@ -108,7 +109,7 @@ class RunSweep(ProcessStep, MountStep, CgroupStep, LinkStep, DirStep):
                 r.status = RunStatus.BUSY
             except DrumsError as exc:
                 if r.status == RunStatus.PENDING:
-                    r.status = RunStatus.ABSENT if exc.reason == "LEDGER_NOT_FOUND" else RunStatus.INCOMPLETE
+                    r.status = RunStatus.ABSENT if exc.reason == Reason.LEDGER_NOT_FOUND else RunStatus.INCOMPLETE
                 if r.status != RunStatus.ABSENT:
                     r.errors.append(str(exc))
         finally:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from drums_core.errors import DrumsError
+from drums_core.reasons import Reason
 from drums_osworld.guest.client import GuestError, GuestHTTPError, GuestUnavailable
 
 logger = logging.getLogger("drums.osworld.setup")
@@ -53,7 +54,7 @@ class SetupError(DrumsError):
     """A setup step failed. ``step_index`` (0-based) and ``step_type`` say which; the steps before
     it ran and their effects remain in the guest."""
 
-    default_reason = "SETUP_STEP_FAILED"
+    default_reason = Reason.SETUP_STEP_FAILED
 
     def __init__(self, message: str, *, step_index: int | None = None, step_type: str | None = None,
                  reason: str | None = None) -> None:
@@ -65,7 +66,7 @@ class SetupError(DrumsError):
 class DownloadNotCached(SetupError):
     """A ``download`` step's file is not in the local cache (Drums never downloads)."""
 
-    default_reason = "DOWNLOAD_NOT_CACHED"
+    default_reason = Reason.DOWNLOAD_NOT_CACHED
 
 
 def substitute_placeholders(command: str | Sequence[str], *, client_password: str,
@@ -157,7 +158,7 @@ class _Runner:
                 return
             if time.monotonic() > deadline:
                 raise SetupError(f"execute {command!r}: condition {dict(until)!r} not met within "
-                                 f"{self.until_timeout:g} s", reason="SETUP_UNTIL_TIMEOUT")
+                                 f"{self.until_timeout:g} s", reason=Reason.SETUP_UNTIL_TIMEOUT)
             time.sleep(0.3)
 
     def command(self, command: str | list[str], **kwargs: Any) -> None:
@@ -241,7 +242,7 @@ def run_setup(steps: Sequence[Mapping[str, Any]], guest: Any, *, task_cache_dir:
         i, t = unknown[0]
         raise SetupError(f"setup step {i + 1}: Drums cannot run step type {t!r} "
                          f"(supported: {', '.join(sorted(SUPPORTED_STEP_TYPES))})",
-                         step_index=i, step_type=t, reason="SETUP_STEP_UNSUPPORTED")
+                         step_index=i, step_type=t, reason=Reason.SETUP_STEP_UNSUPPORTED)
     cache = Path(task_cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     if not steps:

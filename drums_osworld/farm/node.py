@@ -40,6 +40,7 @@ from typing import Any
 from drums_core.client import Client, start_daemon
 from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, NotFound, Unavailable
+from drums_core.reasons import Reason
 
 from ..actions import run_script
 
@@ -62,7 +63,8 @@ def _envelope(fn):
         except Exception as exc:  # noqa: BLE001 - everything else crosses the boundary as Internal
             log.exception("%s failed on node %s", fn.__name__, getattr(self, "name", "?"))
             return {"ok": False, "error": Internal(f"{fn.__name__} on node {getattr(self, 'name', '?')}: "
-                                                   f"{type(exc).__name__}: {exc}", reason="NODE_INTERNAL").to_wire()}
+                                                   f"{type(exc).__name__}: {exc}",
+                                                   reason=Reason.NODE_INTERNAL).to_wire()}
 
     wrapper.__drums_envelope__ = True
     return wrapper
@@ -289,7 +291,7 @@ class NodeAgent:
         try:
             res = self.client.call(op, **args)
         except InvalidArgument as exc:
-            if exc.reason == "UNKNOWN_OP":
+            if exc.reason == Reason.UNKNOWN_OP:
                 self._daemon_has_transfer = False
                 return None
             raise
@@ -356,7 +358,7 @@ class NodeAgent:
                         chunk = ray.get(source.read_chunk.remote(bundle["token"], got, CHUNK_BYTES))
                         if not chunk:
                             raise Unavailable(f"bundle of {top} ended at {got} of {bundle['bytes']} bytes",
-                                              reason="TRANSFER_TRUNCATED")
+                                              reason=Reason.TRANSFER_TRUNCATED)
                         h.update(chunk)
                         f.write(chunk)
                         got += len(chunk)
@@ -372,7 +374,7 @@ class NodeAgent:
                 return res
             except ray.exceptions.RayError as exc:
                 raise Unavailable(f"pulling the bundle of {top} from {bundle.get('node')} failed: {exc}",
-                                  reason="SOURCE_UNAVAILABLE") from exc
+                                  reason=Reason.SOURCE_UNAVAILABLE) from exc
             finally:
                 path.unlink(missing_ok=True)
 
@@ -381,8 +383,8 @@ class NodeAgent:
     def store_file(self, snapshot: str, name: str) -> str:
         """The path of a file of a committed snapshot in this node's store (IMPORTED, manifest.json)."""
         if name not in ("IMPORTED", "manifest.json", "COMMITTED"):
-            raise InvalidArgument(f"not a store file: {name!r}", reason="BAD_REQUEST")
+            raise InvalidArgument(f"not a store file: {name!r}", reason=Reason.BAD_REQUEST)
         p = self.instance.snapshots_dir / snapshot / name
         if not p.exists():
-            raise NotFound(f"{p} does not exist", reason="NOT_FOUND")
+            raise NotFound(f"{p} does not exist", reason=Reason.NOT_FOUND)
         return p.read_text()

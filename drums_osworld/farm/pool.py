@@ -50,13 +50,14 @@ except ImportError as _exc:  # pragma: no cover - depends on the install
 
 from drums_core.config import Instance
 from drums_core.errors import DrumsError, Internal, InvalidArgument, Unavailable, from_wire
+from drums_core.reasons import Reason
 
 from .node import NodeAgent
 from .scheduler import RolloutResult, Rollouts, RolloutSchedule, scripts_for
 
 log = logging.getLogger("drums.osworld.ray_pool")
 
-DAEMON_GONE = ("DAEMON_DIED", "DAEMON_DOWN")
+DAEMON_GONE = (Reason.DAEMON_DIED, Reason.DAEMON_DOWN)
 _RAY_NODE_GONE = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
                   ray.exceptions.LocalRayletDiedError, ray.exceptions.ObjectLostError)
 
@@ -156,10 +157,10 @@ class DrumsPool:
 
     def __init__(self, nodes: list[NodeConfig], *, call_timeout: float = 900.0, max_concurrency: int = 32) -> None:
         if not ray.is_initialized():
-            raise Unavailable("Ray is not initialised: ray.init(...) first", reason="RAY_NOT_INITIALISED")
+            raise Unavailable("Ray is not initialised: ray.init(...) first", reason=Reason.RAY_NOT_INITIALISED)
         names = [n.name for n in nodes]
         if not nodes or len(set(names)) != len(names):
-            raise InvalidArgument(f"node names must be given and distinct: {names}", reason="BAD_NODES")
+            raise InvalidArgument(f"node names must be given and distinct: {names}", reason=Reason.BAD_NODES)
         self.call_timeout = call_timeout
         self.lost: list[SessionRef] = []
         self.transfers: list[dict] = []
@@ -185,13 +186,13 @@ class DrumsPool:
                 node.info = self._call(name, "info", timeout=180)
             except DrumsError as exc:
                 self.close(destroy_sessions=False)
-                raise Unavailable(f"node {name}: agent did not start: {exc.message}", reason="NODE_START_FAILED",
+                raise Unavailable(f"node {name}: agent did not start: {exc.message}", reason=Reason.NODE_START_FAILED,
                                   detail=exc.detail) from exc
             want = node.config.ray_node_id
             if want and node.info.get("ray_node_id") != want:
                 self.close(destroy_sessions=False)
                 raise Internal(f"node {name}: agent runs on {node.info.get('ray_node_id')}, not {want}",
-                               reason="NODE_MISPLACED")
+                               reason=Reason.NODE_MISPLACED)
 
     @classmethod
     def per_node(cls, instance: Instance | None = None, capacity: int | None = None, **kw) -> "DrumsPool":
@@ -208,13 +209,13 @@ class DrumsPool:
             env = ray.get(ref, timeout=timeout or self.call_timeout)
         except ray.exceptions.GetTimeoutError as exc:
             raise Unavailable(f"node {name} did not answer within {timeout or self.call_timeout}s",
-                              reason="TIMEOUT") from exc
+                              reason=Reason.TIMEOUT) from exc
         except _RAY_NODE_GONE as exc:
             self._mark_down(name, f"Ray: {type(exc).__name__}")
             raise Unavailable(f"node {name} is gone ({type(exc).__name__}): {str(exc)[:500]}",
-                              reason="NODE_DIED") from exc
+                              reason=Reason.NODE_DIED) from exc
         except ray.exceptions.RayError as exc:
-            raise Internal(f"node {name}: {type(exc).__name__}: {str(exc)[:1000]}", reason="RAY_ERROR") from exc
+            raise Internal(f"node {name}: {type(exc).__name__}: {str(exc)[:1000]}", reason=Reason.RAY_ERROR) from exc
         if env.get("ok"):
             return env["result"]
         err = from_wire(env.get("error") or {})
@@ -225,7 +226,7 @@ class DrumsPool:
     def _call(self, name: str, method: str, *args, timeout: float | None = None, force: bool = False):
         node = self._node(name)
         if not node.alive and not force:
-            raise Unavailable(f"node {name} is down: {node.down_reason}", reason="NODE_DOWN")
+            raise Unavailable(f"node {name} is down: {node.down_reason}", reason=Reason.NODE_DOWN)
         return self._get(name, getattr(node.actor, method).remote(*args), timeout)
 
     def _node(self, name: str) -> _Node:
@@ -233,7 +234,7 @@ class DrumsPool:
             return self._nodes[name]
         except KeyError:
             raise InvalidArgument(f"no node {name!r} in the pool (nodes: {sorted(self._nodes)})",
-                                  reason="UNKNOWN_NODE") from None
+                                  reason=Reason.UNKNOWN_NODE) from None
 
     def _check_daemon(self, name: str, err: DrumsError) -> None:
         node = self._nodes[name]
@@ -377,7 +378,7 @@ class DrumsPool:
     def forget_copy(self, state: StateRef, node: str) -> None:
         """Delete the copy of ``state`` on ``node`` (not its home): the next branch there ships it again."""
         if node == state.home:
-            raise InvalidArgument(f"{node} is the home of {state.id}, not a copy", reason="BAD_NODES")
+            raise InvalidArgument(f"{node} is the home of {state.id}, not a copy", reason=Reason.BAD_NODES)
         self._call(node, "delete_snapshot", state.id)
         with self._lock:
             state.copies.discard(node)
@@ -392,10 +393,10 @@ class DrumsPool:
     def _freest(self, infos: dict | None = None) -> str:
         infos = infos if infos is not None else self.infos()
         if not infos:
-            raise Unavailable("no node of the pool is up", reason="NO_NODE")
+            raise Unavailable("no node of the pool is up", reason=Reason.NO_NODE)
         name = max(infos, key=lambda n: (infos[n]["free"], -self.node_names.index(n)))
         if infos[name]["free"] < 1:
-            raise Unavailable("every node of the pool is full", reason="NO_CAPACITY")
+            raise Unavailable("every node of the pool is full", reason=Reason.NO_CAPACITY)
         return name
 
     def _order(self, state: StateRef, names: list[str]) -> list[str]:
@@ -412,7 +413,7 @@ class DrumsPool:
                 return None
             sources = [n for n in self._order(state, list(self._nodes)) if n in state.copies and self._nodes[n].alive]
             if not sources:
-                raise Unavailable(f"no node holding {state.id} is up", reason="NO_SOURCE")
+                raise Unavailable(f"no node holding {state.id} is up", reason=Reason.NO_SOURCE)
             source = sources[0]
             t0 = time.monotonic()
             chain = self._call(source, "chain", state.id)
@@ -451,7 +452,7 @@ class DrumsPool:
         rest in ``failures`` (with each node's error: ``Unavailable`` when its daemon or node died).
         """
         if not isinstance(n, int) or n < 1:
-            raise InvalidArgument(f"n must be a positive integer, not {n!r}", reason="BAD_COUNT")
+            raise InvalidArgument(f"n must be a positive integer, not {n!r}", reason=Reason.BAD_COUNT)
         t0 = time.monotonic()
         names = [x for x in (nodes or self.node_names) if self._node(x).alive]
         infos = self.infos()
@@ -466,7 +467,7 @@ class DrumsPool:
         if left:
             failures.append(NodeFailure(node=None, count=left, stage="placement",
                                         error=Unavailable(f"no room for {left} of {n} siblings on the pool's nodes",
-                                                          reason="NO_CAPACITY")))
+                                                          reason=Reason.NO_CAPACITY)))
         siblings: list[SessionRef] = []
         transfers: list[dict] = []
         timings: dict[str, dict] = {}

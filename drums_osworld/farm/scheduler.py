@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from drums_core.errors import DrumsError, Internal, InvalidArgument, Unavailable
+from drums_core.reasons import Reason
 
 if TYPE_CHECKING:
     from .pool import DrumsPool, StateRef
@@ -94,14 +95,15 @@ class Rollouts:
 def scripts_for(actions: Any, branches: int) -> list[list]:
     """One action list per branch: ``actions`` is one script for all, or one script per branch."""
     if not isinstance(branches, int) or branches < 1:
-        raise InvalidArgument(f"branches must be a positive integer, not {branches!r}", reason="BAD_COUNT")
+        raise InvalidArgument(f"branches must be a positive integer, not {branches!r}", reason=Reason.BAD_COUNT)
     if not isinstance(actions, list):
-        raise InvalidArgument("actions must be a list of actions or a list of per-branch lists", reason="BAD_ACTION")
+        raise InvalidArgument("actions must be a list of actions or a list of per-branch lists",
+                              reason=Reason.BAD_ACTION)
     if actions and all(isinstance(a, list) for a in actions):
         if len(actions) == 1:
             return [list(actions[0]) for _ in range(branches)]
         if len(actions) != branches:
-            raise InvalidArgument(f"{len(actions)} scripts for {branches} branches", reason="BAD_ACTION")
+            raise InvalidArgument(f"{len(actions)} scripts for {branches} branches", reason=Reason.BAD_ACTION)
         return [list(a) for a in actions]
     return [list(actions) for _ in range(branches)]
 
@@ -189,7 +191,7 @@ class RolloutSchedule:
         """Nothing runs and nothing can start: every waiting branch fails ``NO_CAPACITY``."""
         for i in self.pending:
             self.results[i] = RolloutResult(branch=i, node=None, attempts=self.attempts[i], error=Unavailable(
-                "no node of the pool can take this rollout", reason="NO_CAPACITY").to_wire())
+                "no node of the pool can take this rollout", reason=Reason.NO_CAPACITY).to_wire())
         self.pending.clear()
 
     # ------------------------------------------------------------------ collecting
@@ -212,7 +214,7 @@ class RolloutSchedule:
         if self.attempts[i] > self.retries or not others:
             return False
         log.warning("rollout %d on %s failed (%s): retrying", i, name, exc)
-        if not self.pool.alive(name) or exc.reason in ("NO_SLOT",):
+        if not self.pool.alive(name) or exc.reason in (Reason.NO_SLOT,):
             self.unusable.add(name)
         self.pending.appendleft(i)
         return True
@@ -229,5 +231,5 @@ class RolloutSchedule:
             timings={k: round(v, 4) for k, v in (out.get("timings") or {}).items()})
         if out.get("liveness") not in (None, "ok"):
             result.error = Internal(f"session {out.get('session')} failed its liveness check",
-                                    reason="LIVENESS_FAILED").to_wire()
+                                    reason=Reason.LIVENESS_FAILED).to_wire()
         return result

@@ -37,6 +37,7 @@ from typing import Any
 import requests
 
 from drums_core.errors import DrumsError, Unavailable
+from drums_core.reasons import Reason
 from drums_core.host import bounded
 
 logger = logging.getLogger("drums.osworld.guest_client")
@@ -73,19 +74,19 @@ def python_command(code: str) -> list[str]:
 class GuestError(DrumsError):
     """A call to the guest server failed."""
 
-    default_reason = "GUEST_ERROR"
+    default_reason = Reason.GUEST_ERROR
 
 
 class GuestUnavailable(GuestError, Unavailable):
     """No connection to the guest server; the request was never delivered. Retrying is safe."""
 
-    default_reason = "GUEST_UNREACHABLE"
+    default_reason = Reason.GUEST_UNREACHABLE
 
 
 class GuestTimeout(GuestError):
     """The guest accepted the request but did not answer in time; it may have acted."""
 
-    default_reason = "GUEST_TIMEOUT"
+    default_reason = Reason.GUEST_TIMEOUT
 
 
 class GuestReplyTooLarge(GuestError):
@@ -97,7 +98,7 @@ class GuestReplyTooLarge(GuestError):
 class GuestHTTPError(GuestError):
     """The guest answered with a non-2xx status."""
 
-    default_reason = "GUEST_HTTP_ERROR"
+    default_reason = Reason.GUEST_HTTP_ERROR
 
     def __init__(self, message: str, *, status_code: int, body: str, reason: str | None = None) -> None:
         super().__init__(message, reason=reason, detail={"status_code": status_code, "body": body})
@@ -108,7 +109,7 @@ class GuestHTTPError(GuestError):
 class GuestProtocolError(GuestError):
     """The guest answered 2xx, but the body is not what the API promises."""
 
-    default_reason = "GUEST_BAD_REPLY"
+    default_reason = Reason.GUEST_BAD_REPLY
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ class GuestClient:
                     continue
                 if isinstance(exc, requests.exceptions.Timeout):
                     raise GuestTimeout(f"{method} {url}: no reply within {read_timeout} s") from exc
-                raise GuestError(f"{method} {url}: {exc}", reason="GUEST_CONNECTION_LOST") from exc
+                raise GuestError(f"{method} {url}: {exc}", reason=Reason.GUEST_CONNECTION_LOST) from exc
         raise GuestUnavailable(f"cannot connect to the guest server at {self.base_url} "
                                f"({attempts} attempts): {last}") from last
 

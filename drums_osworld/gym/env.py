@@ -68,6 +68,7 @@ from gymnasium.utils import EzPickle
 
 from drums_core.config import SESSION_PASSWORD, Instance, check_name
 from drums_core.errors import NotFound, Unavailable
+from drums_core.reasons import Reason
 
 from .. import actions
 from ..actions import fix_pyautogui_less_than
@@ -335,7 +336,7 @@ class DrumsDesktopEnv(Branching, gymnasium.Env, EzPickle):
         try:
             state = self._save(None)
         except Unavailable as exc:  # rolled back, the desktop runs on: this episode goes on unsaved
-            if exc.reason != "STORE_FULL":
+            if exc.reason != Reason.STORE_FULL:
                 raise
             log.warning("the snapshot store is full: the post-setup state of %s is not saved, later "
                         "resets of the task run its setup again (%s)", task.id, exc.message)

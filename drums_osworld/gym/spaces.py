@@ -20,6 +20,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import shared_memory
 
 from drums_core.errors import FailedPrecondition
+from drums_core.reasons import Reason
 
 __all__ = ["A11Y_MAX", "ACTION_MAX", "INSTRUCTION_MAX", "UnicodeText", "action_space", "observation_space",
            "screenshot_array"]
@@ -179,5 +180,5 @@ def screenshot_array(png: bytes, screen_size: tuple[int, int]) -> np.ndarray:
     width, height = screen_size
     if arr.shape != (height, width, 3):
         raise FailedPrecondition(f"the desktop's screenshot is {arr.shape[1]}x{arr.shape[0]}, "
-                                 f"the observation space {width}x{height}", reason="SCREEN_SIZE_MISMATCH")
+                                 f"the observation space {width}x{height}", reason=Reason.SCREEN_SIZE_MISMATCH)
     return arr

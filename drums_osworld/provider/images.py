@@ -31,6 +31,7 @@ from pathlib import Path
 from drums_core.client import Client
 from drums_core.config import VENV, check_name
 from drums_core.errors import DrumsError, InvalidArgument, NotFound, Unavailable
+from drums_core.reasons import Reason
 
 from ..desktop import DEFAULT_IMAGE, Desktop, desktop_spec
 
@@ -48,7 +49,7 @@ def parse_path(path_to_vm: str | None) -> str:
         return DEFAULT_IMAGE
     if not isinstance(path_to_vm, str):
         raise InvalidArgument(f"path_to_vm must be a string like {DEFAULT_PATH!r}, got {path_to_vm!r}",
-                              reason="BAD_PATH")
+                              reason=Reason.BAD_PATH)
     raw = path_to_vm
     for prefix in (SCHEME, "drums:"):
         if raw.startswith(prefix):
@@ -57,7 +58,7 @@ def parse_path(path_to_vm: str | None) -> str:
     else:
         if "/" in raw or raw.endswith((".vmx", ".qcow2", ".vbox")):
             raise InvalidArgument(f"path_to_vm {path_to_vm!r} is not a Drums image; use {DEFAULT_PATH!r} "
-                                  "or drums://<image>", reason="BAD_PATH")
+                                  "or drums://<image>", reason=Reason.BAD_PATH)
     raw = raw.rstrip("/") or DEFAULT_IMAGE
     return check_name(raw, "image")
 
@@ -145,7 +146,7 @@ def connect(client: Client | None = None) -> Client:
     try:
         probe.ping()
     except Unavailable as exc:
-        if exc.reason != "DAEMON_DOWN":
+        if exc.reason != Reason.DAEMON_DOWN:
             raise
         if ours:
             Client().ping()
@@ -157,7 +158,7 @@ def connect(client: Client | None = None) -> Client:
                                  env=env, capture_output=True, text=True, timeout=120, cwd="/")
             if out.returncode != 0:
                 raise Unavailable(f"could not start drumsd with {_drums_python()}: {out.stderr.strip()[-1500:]}",
-                                  reason="DAEMON_START_FAILED") from exc
+                                  reason=Reason.DAEMON_START_FAILED) from exc
     return Client(probe.instance, autostart=ours)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from drums_core.client import Client
 from drums_core.errors import DrumsError, InvalidArgument, NotFound, Unavailable
+from drums_core.reasons import Reason
 
 from ..desktop import GUEST_PORT, Desktop
 from ..setup_journal import SetupReport, strict_default
@@ -62,7 +63,7 @@ _SNAPSHOT_ID = re.compile(r"^[0-9a-f]{32}$")
 def _check_os(os_type: Any) -> None:
     if os_type is not None and str(os_type).lower() not in LINUX_OS_TYPES:
         raise InvalidArgument(f"Drums desktops are Linux (Ubuntu-compatible); os_type {os_type!r} is not available",
-                              reason="BAD_OS_TYPE")
+                              reason=Reason.BAD_OS_TYPE)
 
 
 class DrumsVMManager(_VMManagerBase):
@@ -201,7 +202,7 @@ class DrumsProvider(_ProviderBase):
         if snap is None:
             if not fallback:
                 raise NotFound(f"no snapshot {name!r} for {ref.path} at {ref.screen[0]}x{ref.screen[1]}",
-                               reason="SNAPSHOT_NOT_FOUND")
+                               reason=Reason.SNAPSHOT_NOT_FOUND)
             log.warning("no state %r was saved for %s: using %s", name, ref.path, INIT_STATE)
             snap = ensure_init_state(self.client, ref)
         return snap["id"]
@@ -302,7 +303,7 @@ class DrumsProvider(_ProviderBase):
         """``ip:server_port:chromium_port:vnc_port:vlc_port`` of the running desktop, as OSWorld parses it
         (``Unavailable`` ``NOT_STARTED`` when none runs)."""
         if self.desktop is None or self.desktop.closed:
-            raise Unavailable("the Drums desktop is not running (start_emulator first)", reason="NOT_STARTED")
+            raise Unavailable("the Drums desktop is not running (start_emulator first)", reason=Reason.NOT_STARTED)
         return (f"{self.desktop.address}:{GUEST_PORT}:{PORTS['chromium']}:{PORTS['vnc']}:{PORTS['vlc']}")
 
     def save_state(self, path_to_vm: str | None = None, snapshot_name: str | None = None,
@@ -319,7 +320,7 @@ class DrumsProvider(_ProviderBase):
         Unavailable ``STORE_FULL`` when the store has no room and nothing can be evicted or spilled.
         """
         if self.desktop is None or self.desktop.closed:
-            raise Unavailable("the Drums desktop is not running; nothing to save", reason="NOT_STARTED")
+            raise Unavailable("the Drums desktop is not running; nothing to save", reason=Reason.NOT_STARTED)
         if private:
             scope = self.image_ref().private_scope(self.owner)
         t0 = time.monotonic()

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 from drums_core.errors import InvalidArgument, NotFound, Unavailable
+from drums_core.reasons import Reason
 
 from ..setup_journal import SetupFailed, SetupReport, missing_apps_for
 
@@ -51,7 +52,7 @@ class ReuseMode(str, enum.Enum):
             return cls(value.value if isinstance(value, ReuseMode) else str(value).strip().lower())
         except ValueError:
             raise InvalidArgument(f"unknown reuse mode {value!r}; use 'none' or 'post_setup'",
-                                  reason="BAD_REUSE_MODE") from None
+                                  reason=Reason.BAD_REUSE_MODE) from None
 
 
 def set_reuse_mode(env: Any, mode: "str | ReuseMode") -> None:
@@ -82,7 +83,7 @@ def _drums_provider(env: Any):
 
     prov = getattr(env, "provider", None)
     if not isinstance(prov, DrumsProvider):
-        raise InvalidArgument("this needs a DesktopEnv(provider_name='drums')", reason="NOT_DRUMS")
+        raise InvalidArgument("this needs a DesktopEnv(provider_name='drums')", reason=Reason.NOT_DRUMS)
     return prov
 
 
@@ -185,7 +186,7 @@ def _setup_and_save(env: Any, prov: Any, original_reset: Callable, task: dict, s
     try:
         saved = prov.checkpoint(name, scope=scope, private=False, cache=True)
     except Unavailable as exc:  # rolled back, the desktop runs on: this rollout proceeds unsaved
-        if exc.reason == "STORE_FULL":
+        if exc.reason == Reason.STORE_FULL:
             log.warning("the snapshot store is full and nothing in it can be evicted or spilled: %s is not "
                         "saved, this and later rollouts of the task run its setup (%s)", name, exc.message)
         else:

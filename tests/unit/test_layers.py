@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 UPPER = "drums_osworld"
 
-CORE_TOP = {"__init__", "client", "cli", "cli_registry", "errors", "config", "records", "lazy", "protocol"}
+CORE_TOP = {"__init__", "client", "cli", "cli_registry", "errors", "reasons", "config", "records", "lazy", "protocol"}
 CORE_LAYERS = {
     "daemon": {"server", "recovery", "purge"},
     "session": {"supervisor", "restore_steps", "init", "launch", "enter", "containment", "cgroups", "rootfs",
