@@ -1,6 +1,6 @@
 """The registry of reasons (``drums_core.reasons``): every reason Drums raises is a ``Reason`` of it,
 never a string literal, and every registry entry is documented, raised somewhere (or says who uses
-it). Reads the source with ``ast``; no root needed."""
+it) and in README.md's table. Reads the source with ``ast``; no root needed."""
 from __future__ import annotations
 
 import ast
@@ -17,6 +17,8 @@ from drums_core.reasons import Reason, Retry, markdown
 REPO = Path(__file__).resolve().parents[2]
 REGISTRY = REPO / "drums_core" / "reasons.py"
 FILES = sorted(p for pkg in ("drums_core", "drums_osworld") for p in (REPO / pkg).rglob("*.py") if p != REGISTRY)
+README_BEGIN, README_END = "<!-- reasons:begin -->", "<!-- reasons:end -->"
+REGENERATE = "python -m drums_core.reasons --markdown"
 # Functions whose positional ``reason`` is a sentence for people (why a session, snapshot or node is
 # marked broken or down, why an accessibility walk stopped), not a reason code.
 MESSAGE_REASONS = {"_mark_broken", "mark_broken", "_mark_down", "note"}
@@ -189,6 +191,19 @@ def test_a_reason_travels_and_prints_as_its_plain_code():
     other = errors.from_wire({"code": "NOT_FOUND", "reason": "SOMETHING_NEWER", "message": "m"})
     assert other.reason == "SOMETHING_NEWER"
     assert errors.Busy("b").reason is Reason.SESSION_BUSY and f"{Reason.SESSION_BUSY}" == "SESSION_BUSY"
+
+
+def _readme_table() -> str:
+    text = (REPO / "README.md").read_text()
+    assert text.count(README_BEGIN) == 1 and text.count(README_END) == 1, \
+        f"README.md needs one {README_BEGIN} ... {README_END} block (its table of reasons)"
+    return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n") + "\n"
+
+
+def test_readme_table_is_the_registry():
+    assert _readme_table() == markdown(), (
+        f"README.md's table of reasons differs from the registry: regenerate it with `{REGENERATE}` and "
+        f"paste the output between {README_BEGIN} and {README_END}")
 
 
 @pytest.mark.parametrize("argv,code", [(["--markdown"], 0), ([], 2)])
