@@ -118,25 +118,14 @@ def test_parallel_commands_each_get_their_own_answer(guest: GuestServer) -> None
 
 def test_a_timeout_kills_the_command_and_its_group(guest: GuestServer) -> None:
     t0 = time.monotonic()
-    r = guest.execute(["python", "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); "
-                       "print('started', flush=True); time.sleep(300)"], timeout=2)
+    r = guest.execute(["python", "-c", "import os, subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+                       "print(os.getpid(), p.pid, flush=True); time.sleep(300)"], timeout=2)
     assert r.status_code == 500 and "timed out after 2 seconds" in r.json()["message"], r.text
-    assert r.json()["output"] == "started\n"
+    command, sleeper = (int(p) for p in r.json()["output"].split())
     assert time.monotonic() - t0 < 60
-    assert not _sleepers("300"), "the timed-out command's group survived"
+    for pid in (command, sleeper):  # both of the command's group: killed (gone, or a zombie until reaped)
+        wait_until(lambda pid=pid: _state(pid) in ("", "Z"), 10, f"{pid} of the timed-out command to die")
     assert _answer(guest, ["python", "-c", "print('after')"], shell=False) == (200, 0, "after\n", "")
-
-
-def _sleepers(arg: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().split(b"\0")[:2] == [b"sleep", arg.encode()]:
-                    out.append(int(pid))
-        except OSError:
-            continue
-    return out
 
 
 def test_a_command_that_kills_the_zygote_fails_alone_and_the_next_one_starts_another(guest: GuestServer) -> None:
@@ -154,14 +143,16 @@ def test_a_command_that_kills_the_zygote_fails_alone_and_the_next_one_starts_ano
 def test_a_command_that_leaves_a_daemon_returns_and_the_daemon_is_its_own(guest: GuestServer) -> None:
     """A command that starts something detached returns when its output ends, as a new interpreter's
     would; what it left does not hold the zygote."""
-    code = ("import os, subprocess; subprocess.Popen(['sleep', '301'], stdin=subprocess.DEVNULL, "
-            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True); print('left')")
+    code = ("import os, subprocess; p = subprocess.Popen(['sleep', '301'], stdin=subprocess.DEVNULL, "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True); print(p.pid)")
+    status, rc, out, err = _answer(guest, ["python", "-c", code], shell=False)
     try:
-        assert _answer(guest, ["python", "-c", code], shell=False) == (200, 0, "left\n", "")
+        assert (status, rc, err) == (200, 0, ""), (status, rc, out, err)
         assert _answer(guest, ["python", "-c", "print('next')"], shell=False) == (200, 0, "next\n", "")
+        assert _state(int(out)) not in ("", "Z"), "the command's detached child did not outlive it"
     finally:
-        for pid in _sleepers("301"):
-            os.kill(pid, signal.SIGKILL)
+        if out.strip().isdigit():
+            os.kill(int(out), signal.SIGKILL)
 
 
 def test_the_zygote_ends_with_its_guest(xserver) -> None:
