@@ -36,7 +36,7 @@ SETTLED_AGE = 3.0
 
 
 # A desktop session's fields (``SessionSpec.desktop``): see :class:`SessionSpec`.
-DESKTOP_FIELDS = frozenset({"name", "argv", "env", "x_extensions", "wm_name"})
+DESKTOP_FIELDS = frozenset({"name", "argv", "env", "x_extensions", "wm_name", "ready_nonblank"})
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 
 
@@ -74,6 +74,9 @@ def _check_desktop(desktop: object) -> None:
     wm_name = desktop.get("wm_name", "")
     if not isinstance(wm_name, str) or len(wm_name) > 64 or "\0" in wm_name:
         raise bad("wm_name: the window manager's name, at most 64 characters")
+    drawn = desktop.get("ready_nonblank", 0.0)
+    if isinstance(drawn, bool) or not isinstance(drawn, (int, float)) or not 0.0 <= drawn < 1.0:
+        raise bad("ready_nonblank: a share of the screen in [0, 1)")
 
 
 @dataclass
@@ -88,7 +91,9 @@ class SessionSpec:
     "wm_name": ...}``: its program as the user, ``env`` in the environment of every program of the
     session (under the spec's own ``env``), X extensions Xvfb enables for it (``GLX``), and the name
     its window manager advertises (``_NET_SUPPORTING_WM_CHECK``'s ``_NET_WM_NAME``), which the init
-    waits for before it starts ``programs``. A spec with a desktop has no ``window_manager``.
+    waits for before it starts ``programs``, and ``ready_nonblank``: a cold boot is ready only once
+    more than that share of the screen differs from its top-left pixel (the desktop has drawn its
+    wallpaper and panels). A spec with a desktop has no ``window_manager``.
     """
 
     image: str = "default"

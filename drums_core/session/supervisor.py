@@ -355,6 +355,11 @@ class Supervisor(CheckpointOps, RestoreOps):
             display.wait_ready(s.display, spec.expect_window, spec.ready_timeout, alive=lambda: self._alive_reason(s),
                                require_window=spec.expect_window is not None)
             mark("display")
+            drawn = float(spec.desktop.get("ready_nonblank", 0.0)) if spec.desktop else 0.0
+            if drawn:  # a desktop session's window manager is up before it has drawn anything
+                display.wait_ready(s.display, None, spec.ready_timeout, min_nonblank=drawn,
+                                   alive=lambda: self._alive_reason(s))
+                mark("desktop_drawn")
             if spec.wait_port:
                 self._wait_port(s, spec.wait_port, spec.ready_timeout)
                 mark("port")

@@ -17,6 +17,10 @@ from drums_core.host.images import FileSpec, ImageSpec
 FILES = Path(__file__).resolve().parent / "files"
 STAGING = "/usr/local/share/drums"  # where a build's files wait for its commands (removed by the last one)
 SESSION_NAME = "drums"  # /usr/share/gnome-session/sessions/<name>.session
+# The share of the screen that differs from its top-left pixel (the top bar's black) once the shell
+# has painted: the wallpaper covers ~95%; before, the screen is uniform black (for seconds on a
+# busy host: mutter advertises itself well before the shell's first frame).
+READY_NONBLANK = 0.5
 
 # Installed with --no-install-recommends, like every package of an image (158 packages, ~545 MiB
 # over the osworld image, as the feasibility probe measured). vim: OSWorld's task ec4e3f68 pins
@@ -70,8 +74,9 @@ def session_desktop() -> dict:
     """The session spec's ``desktop`` (:class:`drums_core.session.model.SessionSpec`) that starts this
     GNOME: ``gnome-session --builtin`` (no systemd in a session) with the session file above, on
     X11 in the session's Xvfb with GLX (Mesa's llvmpipe: a session has no /dev/dri), in the
-    environment a GNOME on Xorg login has; ready when mutter advertises GNOME Shell."""
+    environment a GNOME on Xorg login has; programs start once mutter advertises GNOME Shell, and a
+    cold boot is ready once the shell has drawn its wallpaper (:data:`READY_NONBLANK`)."""
     return {"name": "gnome", "argv": ["gnome-session", "--builtin", f"--session={SESSION_NAME}"],
             "env": {"XDG_SESSION_TYPE": "x11", "XDG_CURRENT_DESKTOP": "GNOME", "XDG_SESSION_DESKTOP": "gnome",
                     "DESKTOP_SESSION": "gnome", "GDMSESSION": "gnome"},
-            "x_extensions": ["GLX"], "wm_name": "GNOME Shell"}
+            "x_extensions": ["GLX"], "wm_name": "GNOME Shell", "ready_nonblank": READY_NONBLANK}
