@@ -74,7 +74,8 @@ def _xy(value: str | None) -> tuple[int, int] | None:
 
 def shell_view(xml: str | None) -> dict:
     """What the tree shows of the shell: ``dock`` (the showing buttons along the screen's left edge,
-    top to bottom), ``activities`` and ``clock`` (the top bar's showing labels)."""
+    in the tree's order, which is the dock's: a button the dock just added may report a stale
+    position for a while), ``activities`` and ``clock`` (the top bar's showing labels)."""
     if not xml:
         return {"dock": [], "activities": False, "clock": None}
     root = ET.fromstring(xml)
@@ -85,12 +86,12 @@ def shell_view(xml: str | None) -> dict:
         if a.get("showing") != "true" or pos is None or size is None:
             continue
         if role == "push-button" and name and pos[0] <= 8 and size[0] < 200 and pos[1] >= 32:
-            dock.append((pos[1], name))
+            dock.append(name)
         elif role == "label" and pos[1] < 32:
             activities = activities or name == "Activities"
             if CLOCK.search(name):
                 clock = name
-    return {"dock": [n for _, n in sorted(dock)], "activities": activities, "clock": clock}
+    return {"dock": dock, "activities": activities, "clock": clock}
 
 
 def _wait_view(g: GuestClient, want, what: str) -> dict:
