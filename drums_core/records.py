@@ -155,7 +155,9 @@ class Snapshot(Record):
     """A checkpoint, as ``Client.checkpoint``, ``snapshot`` and ``snapshots`` return it.
 
     ``layers`` are its frozen layers, newest first; ``parent`` the snapshot it stacks on (a
-    checkpoint of a restored session); ``windows`` the titles mapped when it was taken; ``state``
+    checkpoint of a restored session); ``windows`` the titles mapped when it was taken (``window_ids``
+    their X window ids, which a restore's readiness waits for: a title may change once the
+    application runs on); ``state``
     ``committed`` once usable (``broken`` otherwise); ``retention`` ``pinned`` or ``cache`` (the
     store may evict it when nothing uses it). ``Client.snapshots`` adds ``location`` (``memory`` or
     ``disk``), ``last_used``, ``children`` and ``in_use``; ``Client.checkpoint`` adds ``store``,
@@ -174,6 +176,7 @@ class Snapshot(Record):
     params: dict[str, Any] = field(default_factory=dict)
     processes: list[list] = field(default_factory=list)
     windows: list[str] = field(default_factory=list)
+    window_ids: list[int] = field(default_factory=list)
     spec: dict[str, Any] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
     dump_seconds: float | None = None

@@ -71,3 +71,29 @@ def test_nonblank_exceeds_stops_early_on_a_covered_screen(xconn):
         type(root).get_image = orig
     assert answer is True
     assert sum(reads) < H / 2, f"read {sum(reads)} of {H} rows to decide"
+
+
+def test_a_snapshot_window_whose_title_changed_is_found_by_its_id(xconn):
+    """A restore waits for the snapshot's first window: by its title, or by its X id, since the title
+    may have changed by the time the restored application runs on (Chromium's 'Untitled' tab became
+    'New Tab' after a restore, which then waited 120 s for a title that never came back)."""
+    from drums_core.errors import Unavailable
+
+    _paint(xconn, [(0, 100, W, 300)])
+    root = xconn.screen().root
+    win = root.create_window(10, 10, 100, 80, 0, xconn.screen().root_depth)
+    win.set_wm_name("New Tab - Chromium")
+    win.map()
+    xconn.sync()
+    number = int(xconn.get_display_name().rsplit(":", 1)[1].split(".")[0])
+    try:
+        seen = display.wait_ready(number, "Untitled - Chromium", 2.0, expect_ids=[win.id])
+        assert seen["window"] == "New Tab - Chromium", seen
+        with pytest.raises(Unavailable) as exc:  # the title alone: never found
+            display.wait_ready(number, "Untitled - Chromium", 0.5)
+        assert exc.value.reason == "NOT_READY"
+        with pytest.raises(Unavailable):  # another window's id does not stand for it
+            display.wait_ready(number, "Untitled - Chromium", 0.5, expect_ids=[win.id + 1])
+    finally:
+        win.destroy()
+        xconn.sync()

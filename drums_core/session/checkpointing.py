@@ -61,11 +61,12 @@ def wait_init_dead(s: Session, timeout: float) -> None:
             handle.close()
 
 
-def _window_titles(s: Session) -> list[str]:
-    """The titles of the session's mapped windows (a readiness hint for its restores; [] if unknown)."""
+def _window_titles(s: Session) -> list[tuple[int, str]]:
+    """The X ids and titles of the session's mapped windows (a readiness hint for its restores; []
+    if unknown)."""
     try:
         with display.opened(s.display) as d:  # closed once the server let go of its end: see display
-            return [w.title for w in display.windows(d) if w.mapped and w.title]
+            return [(w.id, w.title) for w in display.windows(d) if w.mapped and w.title]
     except Exception:  # noqa: BLE001 - window titles are a readiness hint only
         return []
 
@@ -230,7 +231,8 @@ class CheckpointOps:
             layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
             snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
                             layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
-                            params=params, processes=procs, windows=titles, spec=asdict(s.spec),
+                            params=params, processes=procs, windows=[t for _, t in titles],
+                            window_ids=[i for i, _ in titles], spec=asdict(s.spec),
                             dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE,
                             retention=params.get("retention", "pinned"))
             # leave-running: the layer is in the staging directory already; finish() keeps the root

@@ -206,10 +206,11 @@ def nonblank_fraction(arr: np.ndarray) -> float:
     return float(np.any(arr != ref, axis=2).mean())
 
 
-def find_mapped(d: xdisplay.Display, expect_title: str | None) -> str | None:
-    """Title of a mapped client window matching ``expect_title``: the window manager's
-    ``_NET_CLIENT_LIST`` first (two round trips per window), the full tree walk only when the
-    list is empty (no window manager, or not up yet)."""
+def find_mapped(d: xdisplay.Display, expect_title: str | None, expect_ids: list[int] | None = None) -> str | None:
+    """Title of a mapped client window matching ``expect_title`` (or whose X id is one of
+    ``expect_ids``): the window manager's ``_NET_CLIENT_LIST`` first (two round trips per window),
+    the full tree walk only when the list is empty (no window manager, or not up yet)."""
+    ids_ok = set(expect_ids or ())
     root = d.screen().root
     try:
         prop = root.get_full_property(d.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
@@ -217,12 +218,13 @@ def find_mapped(d: xdisplay.Display, expect_title: str | None) -> str | None:
     except xerror.XError:
         ids = []
     if not ids:
-        wins = [w for w in windows(d) if w.mapped and (expect_title is None or expect_title in w.title)]
+        wins = [w for w in windows(d) if w.mapped and (expect_title is None or expect_title in w.title
+                                                         or w.id in ids_ok)]
         return wins[0].title if wins else None
     for wid in ids:
         win = d.create_resource_object("window", wid)
         title = _title(d, win)
-        if not title or (expect_title is not None and expect_title not in title):
+        if not title or (expect_title is not None and expect_title not in title and wid not in ids_ok):
             continue
         try:
             if win.get_attributes().map_state == X.IsViewable:
@@ -299,8 +301,9 @@ def png(arr: np.ndarray) -> bytes:
 
 
 def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonblank: float = 0.0,
-               alive=None, require_window: bool = True) -> dict:
-    """Wait until a mapped window matches ``expect_title`` (any window when None) and the screen is not blank.
+               alive=None, require_window: bool = True, expect_ids: list[int] | None = None) -> dict:
+    """Wait until a mapped window matches ``expect_title`` (any window when None; or is one of the
+    X windows ``expect_ids``) and the screen is not blank.
 
     With ``require_window=False`` and no ``expect_title``, an X server that answers is enough (a bare
     desktop has no window to wait for).
@@ -324,7 +327,7 @@ def wait_ready(number: int, expect_title: str | None, timeout: float, min_nonbla
                 if expect_title is None and not require_window:
                     d.screen().root.get_geometry()
                     return {"window": None, "nonblank": None}
-                title = find_mapped(d, expect_title)
+                title = find_mapped(d, expect_title, expect_ids)
                 if title is not None:
                     if min_nonblank == 0.0:
                         frac = nonblank_sampled(d)

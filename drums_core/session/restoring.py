@@ -232,9 +232,13 @@ class RestoreOps:
                 self._x11_link(s)
             expect = ask.expect_window if ask.expect_window is not None else (
                 spec.expect_window or (snap.windows[0] if snap.windows else None))
+            # the snapshot's own first window is found by its X id too: its title may change as soon as
+            # the application runs on (a page that finished loading after the dump)
+            same_window = (snap.window_ids[:1] if ask.expect_window is None and not spec.expect_window
+                           and snap.windows else [])
             # readiness needs neither the network nor the reseed: the X server is waited for meanwhile
             ready = _Background(f"ready-{s.id}",
-                                lambda: self._wait_drawn(s, trace, expect, spec, ask.min_nonblank, t0))
+                                lambda: self._wait_drawn(s, trace, expect, spec, ask.min_nonblank, t0, same_window))
             try:
                 with trace.step(RestoreStep.NETWORK):
                     self._wire_network(s, create=True)
@@ -283,12 +287,13 @@ class RestoreOps:
         return s
 
     def _wait_drawn(self, s: Session, trace: StepTrace, expect: str | None, spec: SessionSpec,
-                    min_nonblank: float, t0: float) -> float:
-        """The readiness step's X part: the display draws (``expect``'s window, if any). Returns the
-        seconds since ``t0``."""
+                    min_nonblank: float, t0: float, expect_ids: list[int] | None = None) -> float:
+        """The readiness step's X part: the display draws (``expect``'s window, if any, found by its
+        title or by one of ``expect_ids``). Returns the seconds since ``t0``."""
         with trace.step(RestoreStep.READINESS):
             display.wait_ready(s.display, expect, spec.ready_timeout, alive=lambda: self._alive_reason(s),
-                               require_window=expect is not None, min_nonblank=min_nonblank)
+                               require_window=expect is not None, min_nonblank=min_nonblank,
+                               expect_ids=expect_ids)
         return time.monotonic() - t0
 
     def _corrupt_images(self, snap: Snapshot) -> str | None:

@@ -71,6 +71,7 @@ class Snapshot:
     spec: dict = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
     dump_seconds: float = 0.0
+    window_ids: list[int] = field(default_factory=list)  # X ids of ``windows``: a restore waits for them
     state: str = "published"
     image_hash: str | None = None  # content hash of the image the session ran on (None: made over the host's /)
     id_base: int | None = None     # host id of the session's uid 0 (files in its layers are owned from there)
