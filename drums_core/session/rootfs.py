@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import compileall
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -57,10 +58,16 @@ def build_code_layer(parent: Path, owner: int) -> Path:
     dest = tmp / GUEST_CODE.lstrip("/")
     for p, rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, dest / rel)
+        shutil.copy2(p, dest / rel)  # its time kept: the checkout's bytecode of it stays valid
+        cached = Path(importlib.util.cache_from_source(str(p)))
+        if p.suffix == ".py" and cached.is_file():
+            mine = Path(importlib.util.cache_from_source(str(dest / rel)))
+            mine.parent.mkdir(exist_ok=True)
+            shutil.copy2(cached, mine)
     # with its bytecode: the layer is read-only in a session, where every session init, exec helper and
     # guest server would otherwise compile what it imports at each start (the tag in the file names
-    # makes an image whose Python differs from this one's ignore them)
+    # makes an image whose Python differs from this one's ignore them). What the checkout had compiled
+    # (scripts/provision compiles it) came along; this compiles only what is missing or stale.
     compileall.compile_dir(str(dest), quiet=1, workers=1)
     # the image's guest Python finds the code for every program of the session, agents' own included
     site = tmp / GUEST_SITE.lstrip("/")
