@@ -45,7 +45,6 @@ PRELOAD = ("time", "json", "subprocess", "PIL.Image", "PIL.ImageGrab", "pyscreez
            "pytweening", "pyperclip", "Xlib.display", "Xlib.X", "Xlib.XK", "Xlib.ext.xtest")
 MAX_MESSAGE = 200_000     # a request larger than this (code inline) runs the old way
 START_TIMEOUT = 30.0      # the zygote's imports on a busy host
-REAP_GRACE = 5.0          # after the output ended: the exit status follows at once
 
 
 def python_mode(argv: list[str], path: str) -> tuple[str, str, list[str]] | None:
