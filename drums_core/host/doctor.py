@@ -138,7 +138,7 @@ def check_criu_binary() -> Check:
     ok = path.is_file() and os.access(path, os.X_OK)
     detail = f"{path}" if ok else f"CRIU binary missing: {path} does not exist or is not executable"
     return Check("criu-binary", ok, True, detail, f"{PROVISION}: it installs CRIU {CRIU_SERIES}.x "
-                 f"from Debian unstable into {config.CRIU_PREFIX}")
+                 f"from Debian unstable into {config.CRIU_PREFIX}, rebuilt with Drums' patches")
 
 
 def criu_version(path: Path) -> str | None:
