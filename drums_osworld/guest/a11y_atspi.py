@@ -63,7 +63,7 @@ class _Stop(Exception):
 
 
 class _AppGone(Exception):
-    """This application stopped answering: leave it."""
+    """This application stopped answering, or used up its share of the walk: leave it."""
 
 
 @dataclass
@@ -142,6 +142,21 @@ def _is_timeout(exc: BaseException) -> bool:
     return "NoReply" in text or "Timeout" in text or "timed out" in text or "Did not receive a reply" in text
 
 
+def current_desktop(pa: Any) -> Any:
+    """The registry's desktop, its list of applications brought up to date.
+
+    libatspi answers the desktop's children from its cache and applies the registry's
+    ChildrenChanged signals (an application registered or left) only while it waits for a reply;
+    without one round trip to the registry first, the first walk after an application registered
+    listed the desktop without it."""
+    desktop = pa.Registry.getDesktop(0)
+    try:
+        desktop.getRelationSet()  # an error reply is a round trip too
+    except Exception as exc:  # noqa: BLE001 - the walk goes on with what the cache has
+        log.info("the registry did not answer its round trip: %s", exc)
+    return desktop
+
+
 class Walker:
     """One walk over the desktop. Not thread-safe: runs in the AT-SPI thread only."""
 
@@ -150,9 +165,20 @@ class Walker:
         self.budget = budget
         self.timeouts = 0
         self.app_name = ""
+        self.app_deadline = budget.deadline
+        self.app_share = 0.0
 
-    # every call into an app goes through here: a failure is "not there", a timeout counts
+    # every call into an app goes through here: a failure is "not there", a timeout counts, and no
+    # call starts after the walk's deadline or the app's share of it (so a node whose app answers
+    # each of its ~20 calls slowly overruns them by one call, not by the node)
     def _call(self, fn: Callable[[], Any], default: Any = None) -> Any:
+        now = time.monotonic()
+        if now > self.budget.deadline:
+            self.budget.note(f"walk took longer than {WALK_SECONDS:g} s")
+            raise _Stop
+        if now > self.app_deadline:
+            raise _AppGone(f"application {self.app_name!r} cut after its share of the walk "
+                           f"({self.app_share:.1f} s)")
         try:
             return fn()
         except NotImplementedError:
@@ -161,26 +187,32 @@ class Walker:
             if _is_timeout(exc):
                 self.timeouts += 1
                 if self.timeouts >= APP_TIMEOUTS:
-                    raise _AppGone from exc
+                    raise _AppGone(f"application {self.app_name!r} stopped answering") from exc
             return default
 
     def desktop(self) -> Node:
         root = Node("desktop-frame")
-        desktop = self.pa.Registry.getDesktop(0)
+        desktop = self._call(lambda: current_desktop(self.pa))
+        if desktop is None:
+            return root
         count = self._call(lambda: desktop.childCount, 0) or 0
         apps = []
         for i in range(min(int(count), MAX_WIDTH)):
             app = self._call(lambda i=i: desktop.getChildAtIndex(i))
             if app is not None:
                 apps.append(app)
-        for app in apps:
+        for k, app in enumerate(apps):
             self.timeouts = 0
             self.app_name = ""
+            # each application gets an equal share of the time left (what one leaves goes to the
+            # ones after it): one that answers slowly cannot push the others out of the tree
+            self.app_share = max(0.0, self.budget.deadline - time.monotonic()) / (len(apps) - k)
+            self.app_deadline = time.monotonic() + self.app_share
             holder: list[Node] = []
             try:
                 self._node(app, 1, None, holder)
-            except _AppGone:
-                self.budget.note(f"application {self.app_name!r} stopped answering")
+            except _AppGone as gone:
+                self.budget.note(str(gone))
             except _Stop:
                 root.children.extend(holder)
                 break
@@ -371,7 +403,7 @@ def terminal_output() -> tuple[str | None, str]:
         return None, "none"
 
     def find() -> str | None:
-        desktop = pa.Registry.getDesktop(0)
+        desktop = current_desktop(pa)
         budget = Budget(deadline=time.monotonic() + WALK_SECONDS)
         for i in range(min(desktop.childCount, MAX_WIDTH)):
             app = desktop.getChildAtIndex(i)
