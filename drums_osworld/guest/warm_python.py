@@ -145,7 +145,8 @@ class WarmPython:
     # -- one command ---------------------------------------------------------------------------------
     def spawn(self, mode: str, arg: str, args: list[str], cwd: str | None, fds: list[int]) -> int | None:
         """Start one command in a fork of the zygote with ``fds`` as its stdin, stdout and stderr;
-        its pid, or None when the zygote cannot take it (the caller runs it the old way)."""
+        its pid, or None when the zygote could not be asked (the caller runs it the old way);
+        OSError when it was asked and the command's fate is unknown (it is not run again)."""
         with self._cond:
             try:
                 sock = self._sock or self._start()
@@ -161,12 +162,17 @@ class WarmPython:
                 return None
             try:
                 sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            except OSError:
+            except OSError:  # not sent (a datagram goes whole or not at all): the old way is safe
                 return None
+            # Sent: from here the command may run (the zygote forks it before it answers), so it is
+            # never run the old way too. A zygote that ended first (the command may have killed it
+            # before its pid was sent) or never answered leaves the command's fate unknown: it fails.
             deadline = time.monotonic() + START_TIMEOUT
             while ("id", rid) not in self._replies:
-                if self._replies.get("dead") or not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                    return None
+                if self._replies.get("dead"):
+                    raise OSError("the warm interpreter ended before it said whether the command started")
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise OSError(f"the warm interpreter did not answer in {START_TIMEOUT:g} s")
             pid = self._replies.pop(("id", rid))
         if isinstance(pid, OSError):
             raise pid
