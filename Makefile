@@ -23,7 +23,7 @@ demo:
 # 3. tests/faults (marker alone), with no other desktop test running: a fault window is valid only
 #    on a host where nothing but its neighbour window's processes, mounts and CRIU runs (anything
 #    else would look like the window's leftovers). The unit lane makes no session, mount or CRIU
-#    run, so it runs beside it: the windows run two at a time (each CPU-bound on one CPU; the
+#    run, so it runs beside it: the windows run three at a time (they wait between bursts; the
 #    harness tells a neighbour's from leftovers), the unit lane takes what is left. Its output is
 #    printed after the unit lane's.
 TEST_WORKERS ?= 5
