@@ -192,9 +192,7 @@ class Walker:
 
     def desktop(self) -> Node:
         root = Node("desktop-frame")
-        desktop = self._call(lambda: current_desktop(self.pa))
-        if desktop is None:
-            return root
+        desktop = current_desktop(self.pa)  # no registry: raises, and the caller falls back to X11
         count = self._call(lambda: desktop.childCount, 0) or 0
         apps = []
         for i in range(min(int(count), MAX_WIDTH)):
