@@ -156,10 +156,12 @@ def _taken_readings(client, sid: str) -> dict:
 
 
 def test_ghosts_whose_name_a_newer_file_holds_restore_every_time(client):
-    """CRIU restores such a ghost through a fake link whose name it shares between restoring tasks
-    (drums_core/session/ghost_names.py); Drums moves the taken name aside around it. Three rounds of
-    two siblings: every restore succeeds, every process maps the old database and reads the new one,
-    and nothing is left beside it (no aside name, no CRIU link)."""
+    """CRIU restores such a ghost through a fake link (``<name>.cr_link``) that its packaged 4.2.1
+    shared between restoring tasks unsafely; the criu Drums builds carries the fix
+    (scripts/criu-patches/0001-files-reg-restore-path-under-remap-lock.patch; the packaged criu
+    failed this test 2 runs in 3). Three rounds of two siblings: every restore succeeds, every
+    process maps the old database and reads the new one, and nothing is left beside it (no CRIU
+    link, no ghost copy)."""
     s = client.create({"programs": [{"name": "taken", "argv": ["python3", "-c", TAKEN]}]})
     made = [s]
     snap = None

@@ -61,7 +61,7 @@ def wait_init_dead(s: Session, timeout: float) -> None:
             handle.close()
 
 
-def _window_titles(s: Session) -> list[tuple[int, str]]:
+def _mapped_windows(s: Session) -> list[tuple[int, str]]:
     """The X ids and titles of the session's mapped windows (a readiness hint for its restores; []
     if unknown)."""
     try:
@@ -206,7 +206,7 @@ class CheckpointOps:
         faults.hit("checkpoint-before-staging")
         (staging / "dump").mkdir(parents=True, exist_ok=True)
         procs = self._process_ages(s)
-        titles = _window_titles(s)
+        mapped = _mapped_windows(s)
         policy = s.spec.network_policy()
         with self.nat.pinned(policy if leave_running else netpolicy.NetworkPolicy()):
             if leave_running and policy.nat:
@@ -231,8 +231,8 @@ class CheckpointOps:
             layers = [str(self.store.path(snap_id) / "layer")] + list(s.layers)
             snap = Snapshot(id=snap_id, name=name, scope=params["scope"], session=s.id, image=s.spec.image,
                             layers=layers, parent=s.snapshot, created=time.time(), boot_id=boot_id(), size=0,
-                            params=params, processes=procs, windows=[t for _, t in titles],
-                            window_ids=[i for i, _ in titles], spec=asdict(s.spec),
+                            params=params, processes=procs, windows=[t for _, t in mapped],
+                            window_ids=[i for i, _ in mapped], spec=asdict(s.spec),
                             dump_seconds=res.seconds, image_hash=s.image_hash, id_base=ID_BASE,
                             retention=params.get("retention", "pinned"))
             # leave-running: the layer is in the staging directory already; finish() keeps the root
