@@ -7,6 +7,24 @@ import os
 import sys
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _fixed_mmap_threshold(size: int = 128 << 10) -> None:
+    """Blocks of ``size`` bytes and more get their own mappings, unmapped when freed.
+
+    The server answers each request in a thread of its own, and glibc raises its mmap threshold
+    each time a large block is freed: without a fixed one, a screenshot's buffers (6 MiB a frame)
+    stay in a thread's arena after the reply, and a desktop is checkpointed, and restored in every
+    sibling, with them (a restored desktop's server: 45 MiB anon without, 33 MiB with)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, size)  # the process's own C library
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator, its policy
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m drums_osworld.guest",
                                 description="OSWorld-compatible guest server for a Drums desktop.")
@@ -29,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _fixed_mmap_threshold()
     from .server import GuestConfig, serve
 
     cfg = GuestConfig(exec_timeout=a.exec_timeout, open_timeout=a.open_timeout,
