@@ -90,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                                                           "a failure stops it; --quick: 3)")
     d.add_argument("--batch", type=int, default=None, help="restores run at once (default 4; --quick: 2)")
     d.add_argument("--reserve-mib", type=float, default=None, help="stop filling when MemAvailable would fall "
-                                                                   "under this (default 1536)")
+                                                                   "under this (default 3072)")
+    d.add_argument("--desktop", choices=("openbox", "gnome"), default=None,
+                   help="the desktop the applications open on (default openbox; gnome: GNOME Shell)")
     d.add_argument("--hostile-inotify-cap", type=int, default=None,
                    help="the hostile desktop takes at most N inotify instances (default: until refused)")
     d.add_argument("--hostile-pids-cap", type=int, default=None,
