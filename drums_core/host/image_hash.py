@@ -20,12 +20,15 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-
-
 def spec_hash(spec: ImageSpec) -> str:
-    """sha256 over the canonical spec, the recipe, the base image's content and the files' content."""
+    """sha256 over the canonical spec, the recipe, the base image's content and the files' content.
+
+    A file counts by its content and where it goes in the image, not by where it is read from on the
+    host: the same checkout cloned elsewhere (a fresh clone for CI) describes the same image."""
     base_content = get(spec.base).content_hash if spec.derived else None
-    doc = {"spec": spec.to_json(), "recipe": recipe(), "base_content_hash": base_content}
+    canonical = spec.to_json()
+    canonical["files"] = [{k: v for k, v in f.items() if k != "src"} for f in canonical["files"]]
+    doc = {"spec": canonical, "recipe": recipe(), "base_content_hash": base_content}
     h = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
     for f in spec.files:
         h.update(_sha256_file(f.src).encode())
