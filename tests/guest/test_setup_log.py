@@ -54,7 +54,9 @@ def test_failures_are_recorded_per_step(guest):
     assert not by_step[4]["ok"] and "ModuleNotFoundError" in by_step[4]["error"]
     assert by_step[5]["ok"] and by_step[5]["exit_status"] == "running"
     assert [e["step"]["index"] for e in log["errors"]] == [0, 1, 3, 4]
-    guest.post("/setup/execute", json={"command": ["pkill", "-f", "^sleep 30$"]})
+    # this server's own child only: the server runs on the host, where another test's `sleep 30`
+    # (tests/guest/test_server.py, on another worker) was killed by a host-wide pkill
+    guest.post("/setup/execute", json={"command": ["pkill", "-P", str(guest.proc.pid), "-f", "^sleep 30$"]})
 
 
 def test_a_new_mark_starts_a_new_section_and_since_reads_older_ones(guest):
