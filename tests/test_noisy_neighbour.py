@@ -353,6 +353,33 @@ def test_a_dump_after_the_kernel_dropped_the_watched_directories_succeeds(client
             client.delete_snapshot(snap["id"])
 
 
+@pytest.mark.parametrize("origin", ["fresh", "restored"])
+def test_a_session_goes_first_to_the_oom_killer_and_cannot_step_back(client, origin):
+    """A host out of memory kills a desktop's process before the daemon: every session process
+    carries OOM_SCORE_ADJ, fresh and restored (and what ``drums exec`` starts); neither the desktop
+    user nor session root (sudo) can take its score below 0, and the daemon runs below that."""
+    from drums_core.session.containment import DAEMON_OOM_SCORE_ADJ, OOM_SCORE_ADJ
+    from drums_core.session.processes import session_processes
+
+    def score(pid: int) -> int:
+        return int(open(f"/proc/{pid}/oom_score_adj").read())
+
+    daemon = client.ping()["pid"]
+    cap_sys_resource = bool(int(next(line.split()[1] for line in open(f"/proc/{daemon}/status")
+                                     if line.startswith("CapEff:")), 16) & (1 << 24))
+    # where root lacks CAP_SYS_RESOURCE (this kind of VM) nothing goes below 0, the daemon included
+    assert score(daemon) == (DAEMON_OOM_SCORE_ADJ if cap_sys_resource else 0) <= 0
+    with _session(client, origin) as s:
+        client.exec(s["id"], ["sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 &"], user="user")
+        scores = {p.pid: score(p.pid) for p in session_processes(s["init_pid"])}
+        assert len(scores) >= 2 and set(scores.values()) == {OOM_SCORE_ADJ}, scores
+        lower = ("echo -1 > /proc/self/oom_score_adj && echo below-zero || echo refused; "
+                 "echo 0 > /proc/self/oom_score_adj; cat /proc/self/oom_score_adj")
+        for user in ("user", "root"):
+            out = client.exec(s["id"], ["sh", "-c", lower], user=user)["stdout"].split()
+            assert out == ["refused", "0"], (user, out)  # 0 at the least: still above the daemon
+
+
 def test_a_restored_session_runs_at_its_own_cpu_weight_once_ready(client, victim_snapshot):
     """A restore runs at a boosted CPU weight (restoring.RESTORE_BOOST) until the desktop is ready,
     then the session has its own weight, like any other: the boost is no lasting advantage."""

@@ -26,7 +26,7 @@ from ..config import Instance, check_name
 from ..errors import DrumsError
 from ..host import kernel_budget, linux
 from ..host.kernel_budget import SESSION_PIDS
-from ..session import faults
+from ..session import containment, faults
 from ..session.supervisor import Supervisor
 
 log = logging.getLogger("drums.daemon")
@@ -229,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, filename=str(instance.log_file),
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
+    # out of memory, the host kills a desktop's process first, the daemon last (containment.py);
+    # what it starts (CRIU, a session's launch) sets its own score
+    try:
+        containment.set_oom_score_adj(containment.DAEMON_OOM_SCORE_ADJ)
+    except PermissionError:  # root without CAP_SYS_RESOURCE (some VMs' init): no score below 0 for anyone
+        log.warning("drumsd runs at out-of-memory score 0, not %d: this root lacks CAP_SYS_RESOURCE",
+                    containment.DAEMON_OOM_SCORE_ADJ)
     if os.environ.get("DRUMS_KSM") == "1":
         # Inherited over fork and exec: every session this daemon launches and every task CRIU
         # restores (forked from its criu swrk child) is KSM-mergeable. Whether ksmd runs

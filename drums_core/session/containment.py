@@ -16,6 +16,12 @@ The promise (README, "Containment"), in the manner of container runtimes' defaul
   re-creates a restored session's mount tree from inside its user namespace (unlocked) and gives
   it a pid namespace of its own user namespace; without ``CAP_SYS_ADMIN`` the session can neither
   unmount, remount nor mount anything (no other ``/proc``, no ``/sys``, no tmpfs), fresh or restored;
+* every process of a session is first in line for the kernel's out-of-memory killer
+  (:data:`OOM_SCORE_ADJ`, set by host root before the session runs; CRIU dumps it with each task and
+  puts it back). The kernel lets an unprivileged task lower its own score, but never below 0, so the
+  daemon runs at :data:`DAEMON_OOM_SCORE_ADJ` (where host root has ``CAP_SYS_RESOURCE``; without it
+  nothing on the host goes below 0, and the daemon stays at 0): when the whole host runs out of
+  memory, a desktop's process goes first, and the daemon after anything a session can do to its own score;
 * a seccomp filter (:data:`DENIED_SYSCALLS`) fails those calls with ``EPERM``, and
   :data:`REFUSED_SYSCALLS` (what a checkpoint could not carry: memory protection keys) with their own errno.
 
@@ -113,6 +119,24 @@ def prepare_root(spec: dict) -> None:
     linux.pivot_root(root, old)
     os.chdir("/")
     linux.umount("/.oldroot", linux.MNT_DETACH)
+
+
+# Added to a process's out-of-memory badness (-1000..1000; the host's own processes are at 0). A task
+# without CAP_SYS_RESOURCE may lower its own down to 0, no further (measured on this kernel).
+OOM_SCORE_ADJ = 500           # every session process, fresh or restored
+DAEMON_OOM_SCORE_ADJ = -500   # drumsd: below any score a session can give itself
+
+
+def set_oom_score_adj(value: int) -> None:
+    """This process's out-of-memory score, inherited by what it starts (host root only)."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(int(value)))
+
+
+def first_for_the_oom_killer() -> None:
+    """This process and whatever it starts: :data:`OOM_SCORE_ADJ` (call as host root, before the
+    session's user namespace exists)."""
+    set_oom_score_adj(OOM_SCORE_ADJ)
 
 
 def mount_devpts() -> None:

@@ -2,12 +2,12 @@
 
 Run by the supervisor as ``python -m drums_core.session.enter '<spec as JSON>'`` (host root). Everything this
 process needs is imported and built before it enters the session, and nothing of the session runs
-before the hardening is in place: it joins the session's cgroup, enters the pid, net, uts, ipc,
-mount, time and user namespaces of the session's init (through fds opened first), chroots to the init's
-root, drops the capability bounding set, loads the seccomp filter, becomes the session's root or
-``user``, and only then forks and execs the command (a program the session may have replaced is
-thus never run with more than the session's own rights). Exit status: the command's own, or 125
-when entering failed (with the reason on stderr).
+before the hardening is in place: it joins the session's cgroup, takes the sessions' out-of-memory
+score, enters the pid, net, uts, ipc, mount, time and user namespaces of the session's init (through
+fds opened first), chroots to the init's root, drops the capability bounding set, loads the seccomp
+filter, becomes the session's root or ``user``, and only then forks and execs the command (a program
+the session may have replaced is thus never run with more than the session's own rights). Exit
+status: the command's own, or 125 when entering failed (with the reason on stderr).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def enter(spec: dict) -> int:
     root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     if spec.get("cgroup"):
         cgroups.enter(spec["cgroup"])
+    containment.first_for_the_oom_killer()  # as the session's own processes (launch.py), before any namespace
     for fd, flag in ns_fds:  # the user namespace last: host root's rights over the others first
         linux.setns(fd, flag)
         os.close(fd)

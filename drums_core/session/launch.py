@@ -81,6 +81,7 @@ def _init(spec: dict, to_child: int, from_child: int, ready_w: int) -> None:
     """The pid-ns init: contained root as host root, then into the session's user namespace, then exec."""
     seccomp_filter = containment.seccomp_filter()  # built (and libseccomp imported) before the pivot
     rlimits = kernel_budget.session_rlimits()
+    containment.first_for_the_oom_killer()  # while /proc is the host's and this is host root
     containment.prepare_root(spec)
     linux.unshare(linux.CLONE_NEWUSER)
     os.write(to_child, b"u")

@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         report.write(res, out)
         results.append(res)
+        if res.get("interrupted"):  # a run stopped part way: its report says so, and so does the exit status
+            print(f"drums bench {name}: interrupted ({res['interrupted']}); the report has what was measured",
+                  file=sys.stderr)
+            rc = 1
         if not opts.json:
             print(report.markdown(res))
             print(f"(written: {', '.join(res['files'].values())})\n")

@@ -38,7 +38,8 @@ the KSM measurement below).
    are recorded apart. The figure: the others' restore p50 with the hostile desktop over without.
 
 Everything made is destroyed at the end, on an error or an interrupt (SIGINT, SIGTERM) too; KSM's
-settings go back. KSM is switched on only under a host-wide lock shared with the ``memory`` suite
+settings go back. An interrupt in the hostile rounds (the long part) still writes the report, with
+the rounds done so far and ``interrupted`` saying when; the command then exits 1. KSM is switched on only under a host-wide lock shared with the ``memory`` suite
 (:func:`drums_osworld.bench.memory.ksm_lock`), and not at all when another user already runs it.
 """
 from __future__ import annotations
@@ -431,6 +432,7 @@ def run_density(opts) -> dict:
     cleanup: dict = {}
     bar = None
     old_term = None
+    interrupted: dict | None = None
     if threading.current_thread() is threading.main_thread():
         old_term = signal.signal(signal.SIGTERM, _on_term)
     try:
@@ -528,16 +530,20 @@ def run_density(opts) -> dict:
         room = {"need_mib": round(need), "let_go": len(let_go), "held": len(held),
                 "mem_available_mib": round(meminfo_mib())}
         samples = {"without": [], "with hostile": []}
-        for r in range(rounds):
-            for arm in common.rotated(["without", "with hostile"], r):
-                bar.set_postfix_str(f"round {r + 1}/{rounds}: {arm} ({len(held)} desktops held)")
-                row, hrow = _round(c, snap["id"], held, batch, arm, r, hostile_opts, extra)
-                rounds_out.append(row)
-                samples[arm] += row["restore_s"]
-                failures += [{"phase": "hostile", "arm": arm, "round": r, **f} for f in row["failures"]]
-                if hrow:
-                    hostile_log.append(hrow)
-                bar.update()
+        try:
+            for r in range(rounds):
+                for arm in common.rotated(["without", "with hostile"], r):
+                    bar.set_postfix_str(f"round {r + 1}/{rounds}: {arm} ({len(held)} desktops held)")
+                    row, hrow = _round(c, snap["id"], held, batch, arm, r, hostile_opts, extra)
+                    rounds_out.append(row)
+                    samples[arm] += row["restore_s"]
+                    failures += [{"phase": "hostile", "arm": arm, "round": r, **f} for f in row["failures"]]
+                    if hrow:
+                        hostile_log.append(hrow)
+                    bar.update()
+        except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM (_on_term): what was measured is still reported
+            interrupted = {"phase": "hostile rounds", "arms_done": len(rounds_out),
+                           "signal": "SIGTERM" if isinstance(exc, _Interrupted) else "SIGINT"}
         bar.close()
     finally:
         if old_term is not None:
@@ -592,6 +598,8 @@ def run_density(opts) -> dict:
         "target 0 failures among the others": not others["with hostile"] and not others["without"],
         "target p50 within 20%": bool(rr is not None and rr <= 1.2),
         "leaked resources after": cleanup.get("leaked"),
+        "interrupted": (f"by {interrupted['signal']} in the {interrupted['phase']}, after "
+                        f"{interrupted['arms_done']} arm(s)") if interrupted else None,
     }
     table = [{"phase": "fill", "desktops": n, "restores": len(fill_ok),
               "restore p50 s": summary["fill restore p50 s"], "restore p90 s": summary["fill restore p90 s"],
@@ -606,7 +614,7 @@ def run_density(opts) -> dict:
                       "checkpoints": sum(len(r["checkpoints"]) for r in arm_rows),
                       "failures": len(others[arm])})
     return {
-        "suite": "density", "quick": quick, "host": host,
+        "suite": "density", "quick": quick, "host": host, "interrupted": interrupted,
         "params": {"image": IMAGE, "desktop": desktop, "apps": [a[0] for a in APPS], "max": max_n, "batch": batch,
                    "reserve_mib": reserve, "rounds": rounds, "settle_s": settle, "hostile": hostile_opts,
                    "slots": inst.slot_count},
