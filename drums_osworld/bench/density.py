@@ -39,7 +39,8 @@ the KSM measurement below).
 
 Everything made is destroyed at the end, on an error or an interrupt (SIGINT, SIGTERM) too; KSM's
 settings go back. An interrupt in the hostile rounds (the long part) still writes the report, with
-the rounds done so far and ``interrupted`` saying when; the command then exits 1. KSM is switched on only under a host-wide lock shared with the ``memory`` suite
+the rounds done so far and ``interrupted`` saying when; the command then exits 1. KSM is switched
+on only under a host-wide lock shared with the ``memory`` suite
 (:func:`drums_osworld.bench.memory.ksm_lock`), and not at all when another user already runs it.
 """
 from __future__ import annotations
