@@ -81,9 +81,7 @@ def _soffice_convert(src: str, fmt: str, outdir: Path, home: Path) -> str | None
     outdir.mkdir(parents=True, exist_ok=True)
     subprocess.run(["soffice", f"-env:UserInstallation=file://{home}/lo-profile", "--headless",
                     "--convert-to", fmt, "--outdir", str(outdir), src],
-                   # TMPDIR: LibreOffice's single-instance pipe goes there, not into the host's /tmp
-                   env={**os.environ, "HOME": str(home), "TMPDIR": str(home)}, capture_output=True, timeout=180,
-                   check=True)
+                   env={**os.environ, "HOME": str(home)}, capture_output=True, timeout=180, check=True)
     out = outdir / (Path(src).stem + "." + fmt.split(":")[0])
     return str(out) if out.exists() else None
 
