@@ -25,15 +25,42 @@ from typing import Any
 
 from drums_osworld.guest.client import ExecResult, GuestHTTPError, python_command
 
-from .envtag import kill_env_tagged
+from .envtag import kill_env_tagged, pids_with_env
 from .wait import WaitTimeout, wait_until
 
 MARK = "DRUMS_LOCAL_GUEST"
 
 
+OSL_PIPE_PREFIX = "/tmp/OSL_PIPE_"  # LibreOffice's single-instance socket: always in /tmp, whatever TMPDIR says
+
+
+def _unix_socket_paths(pids: list[int], prefix: str) -> set[str]:
+    """The paths under ``prefix`` of the unix sockets that ``pids`` hold open."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    paths = set()
+    with contextlib.suppress(OSError), open("/proc/net/unix") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[6] in inodes and parts[7].startswith(prefix):
+                paths.add(parts[7])
+    return paths
+
+
 def kill_token(token: str, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL, every process whose environment carries ``token``."""
+    """SIGTERM, then SIGKILL, every process whose environment carries ``token``; then remove the
+    LibreOffice pipes they listened on (a LibreOffice that is killed leaves its pipe in /tmp)."""
+    pipes = _unix_socket_paths(pids_with_env(MARK, token), OSL_PIPE_PREFIX)
     kill_env_tagged(MARK, token, timeout)
+    for path in pipes:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def find_pyautogui_python(display: str) -> str:
