@@ -2,7 +2,7 @@
 
 Run by the supervisor as ``python -m drums_core.session.enter '<spec as JSON>'`` (host root). Everything this
 process needs is imported and built before it enters the session, and nothing of the session runs
-before the hardening is in place: it joins the session's cgroup, takes the sessions' out-of-memory
+before the hardening is in place: it joins the session's cgroup, takes the session's out-of-memory
 score, enters the pid, net, uts, ipc, mount, time and user namespaces of the session's init (through
 fds opened first), chroots to the init's root, drops the capability bounding set, loads the seccomp
 filter, becomes the session's root or ``user``, and only then forks and execs the command (a program
