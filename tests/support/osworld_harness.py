@@ -32,6 +32,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+try:
+    from .osworld_forkserver import run_snippet
+except ImportError:  # run by path (tests/osworld_harness.py): one snippet, a process of its own
+    run_snippet = None
+
 VENV = Path(os.environ.get("DRUMS_OSWORLD_VENV", "/opt/drums/osworld-venv"))
 BASE_PYTHON = os.environ.get("DRUMS_OSWORLD_BASE_PYTHON", "/usr/bin/python3")
 DESKTOP_ENV = "desktop-env==1.0.2"
@@ -284,9 +289,12 @@ def run_osworld(snippet: str, *, env: dict[str, str] | None = None, timeout: flo
     with tempfile.TemporaryDirectory(prefix="drums-osworld-run-") as tmp:
         script = Path(tmp) / "snippet.py"
         script.write_text(BOOTSTRAP + "\n" + textwrap.dedent(snippet))
-        r = subprocess.run([str(venv / "bin" / "python"), str(script)], cwd=cwd or tmp,
-                           env=osworld_env(venv, env), capture_output=True, text=True,
-                           timeout=timeout)
+        python, env = str(venv / "bin" / "python"), osworld_env(venv, env)
+        if run_snippet is None:
+            r = subprocess.run([python, str(script)], cwd=cwd or tmp, env=env, capture_output=True, text=True,
+                               timeout=timeout)
+        else:  # in a fork of a process that has desktop-env imported already (osworld_forkserver)
+            r = run_snippet(python, str(script), [], cwd or tmp, env, timeout)
     if r.returncode != 0:
         raise OSWorldSnippetError(r.returncode, r.stdout, r.stderr)
     values = [line[len(_MARK):] for line in r.stdout.splitlines() if line.startswith(_MARK)]

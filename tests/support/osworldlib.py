@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from . import REPO
+from .osworld_forkserver import run_snippet
 from .osworld_harness import BOOTSTRAP, OSWorldSnippetError, ensure_osworld_venv, osworld_env, stub_dir
 
 MARK = "@@DRUMS-OSWORLD-JSON@@ "
@@ -78,9 +79,12 @@ class OSWorld:
 
     def run(self, snippet: str, timeout: float = 900, argv: list[str] | None = None, **extra: str) -> Any:
         """Run ``snippet``; return what it last passed to ``emit()``. Its stdout is echoed (pytest -s)."""
-        cmd = argv if argv is not None else [str(self.venv / "bin/python"), str(self.script(snippet))]
-        r = subprocess.run(cmd, cwd=self.workdir, env=self.env(**extra), capture_output=True, text=True,
-                           timeout=timeout)
+        if argv is not None:
+            r = subprocess.run(argv, cwd=self.workdir, env=self.env(**extra), capture_output=True, text=True,
+                               timeout=timeout)
+        else:  # in a fork of a process that has desktop-env imported already (osworld_forkserver)
+            r = run_snippet(str(self.venv / "bin/python"), str(self.script(snippet)), [], str(self.workdir),
+                            self.env(**extra), timeout)
         for line in r.stdout.splitlines():
             if not line.startswith(MARK):
                 print(line)
