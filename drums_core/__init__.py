@@ -32,18 +32,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
 from .lazy import lazy_exports
-from .reasons import Reason
-from .records import ExecResult, Process, Session, Snapshot, Window, json_default
 
 if TYPE_CHECKING:
     from .client import Client
     from .config import Instance, instance_from_env
+    from .errors import Busy, DrumsError, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+    from .reasons import Reason
+    from .records import ExecResult, Process, Session, Snapshot, Window, json_default
 
-# Loaded on first access (see __getattr__): ``import drums_core.errors``, which the guest server and
-# ``import drums_osworld`` do, then stays without the client and its socket machinery.
-_LAZY = {"Client": "drums_core.client", "Instance": "drums_core.config", "instance_from_env": "drums_core.config"}
+# Every public name loads on first access (see __getattr__): ``import drums_core.errors``, which the guest
+# server and ``import drums_osworld`` do, stays without the client and its socket machinery, and a
+# process that runs one module of the package (``python -m drums_core.session.enter`` at every
+# ``drums exec``) imports only what that module needs.
+_LAZY = {"Client": "drums_core.client", "Instance": "drums_core.config", "instance_from_env": "drums_core.config",
+         **{name: "drums_core.errors" for name in ("Busy", "DrumsError", "FailedPrecondition", "Internal",
+                                                   "InvalidArgument", "NotFound", "Unavailable")},
+         "Reason": "drums_core.reasons",
+         **{name: "drums_core.records" for name in ("ExecResult", "Process", "Session", "Snapshot", "Window",
+                                                    "json_default")}}
 
 __all__ = [
     "Client",

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..errors import Unavailable
 from ..reasons import Reason
-from .procs import inotify_fdinfos
 
 # How many sessions the host runs at once, over all its instances (the default instance has 64 slots).
 HOST_SLOTS = int(os.environ.get("DRUMS_HOST_SLOTS", "64"))
@@ -141,6 +140,8 @@ def inotify_use() -> tuple[int, int]:
     """Inotify instances and watches held by processes on the host now (every session's and the
     host's: they are all charged to host root). Reads only fd links and the inotify fds' fdinfo,
     bounded per file."""
+    from .procs import inotify_fdinfos  # here: session_rlimits runs at every drums exec, this does not
+
     instances = watches = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():

@@ -16,7 +16,7 @@ import os
 import resource
 import sys
 
-from . import cgroups, containment
+from . import cgroup_fs, containment
 from ..host import kernel_budget, linux
 
 _NS_ORDER = (("pid", linux.CLONE_NEWPID), ("net", linux.CLONE_NEWNET), ("uts", linux.CLONE_NEWUTS),
@@ -33,7 +33,7 @@ def enter(spec: dict) -> int:
               if name != "time" or os.path.exists("/proc/self/ns/time")]  # a kernel without time namespaces
     root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     if spec.get("cgroup"):
-        cgroups.enter(spec["cgroup"])
+        cgroup_fs.enter(spec["cgroup"])
     containment.first_for_the_oom_killer()  # as the session's own processes (launch.py), before any namespace
     for fd, flag in ns_fds:  # the user namespace last: host root's rights over the others first
         linux.setns(fd, flag)

@@ -4,10 +4,12 @@
 For each solution in ``solutions/<domain>/<id>.json`` (OSWorld's own task file, unchanged), in one
 DesktopEnv:
 
-1. ``reset(task)`` on a fresh desktop, ``evaluate()`` untouched: 0;
-2. ``reset(task)`` again (the env is used: the provider reverts to ``init_state`` and the setup runs
-   again), the post-setup state saved (``_save_state``), and a sibling restored from it
-   (``drums_osworld.snapshot.branch``) evaluated untouched: 0;
+1. ``reset(task)`` on a fresh desktop, its post-setup state saved (``_save_state``), ``evaluate()``
+   untouched: 0;
+2. when the task's evaluator has a ``postconfig`` (it changes the desktop: launches, closes, saves),
+   ``reset(task)`` again (the env is used: the provider reverts to ``init_state`` and the setup runs
+   again); without one, evaluation only read the desktop, which stays as it was set up;
+   a sibling restored from the saved state (``drums_osworld.snapshot.branch``) evaluated untouched: 0;
 3. the solution's actions through ``env.step`` on the fresh desktop, ``evaluate()``: 1;
 4. a second sibling restored from the saved post-setup state, the same actions, ``evaluate()``: 1.
 
