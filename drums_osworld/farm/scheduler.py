@@ -19,7 +19,22 @@ from drums_core.errors import DrumsError, Internal, InvalidArgument, Unavailable
 from drums_core.reasons import Reason
 
 if TYPE_CHECKING:
-    from .pool import DrumsPool, StateRef
+    from typing import Protocol
+
+    class StateRef(Protocol):
+        """What the scheduler reads of a pool's state (:class:`.pool.StateRef`)."""
+        id: str
+        copies: set[str]
+
+    class DrumsPool(Protocol):
+        """What the scheduler asks of the pool that runs it (:class:`.pool.DrumsPool`; the pool
+        imports this module, never the other way round)."""
+        def infos(self) -> dict[str, dict]: ...
+        def alive(self, name: str) -> bool: ...
+        def _order(self, state: StateRef, names: list[str]) -> list[str]: ...
+        def ensure_copy(self, state: StateRef, target: str) -> dict | None: ...
+        def _node(self, name: str) -> Any: ...
+        def _get(self, name: str, ref: Any, timeout: float | None = None) -> Any: ...
 
 log = logging.getLogger("drums.osworld.ray_pool")
 

@@ -22,7 +22,7 @@ from . import desktops
 from .states import SavedState
 
 if TYPE_CHECKING:
-    from .env import DrumsDesktopEnv
+    from typing import Self  # the env class this mixes into (DrumsDesktopEnv), without importing it
 
 
 class Branching:
@@ -84,7 +84,7 @@ class Branching:
         return {"name": name, "snapshot": state.snapshot, "step": state.step, "seconds": state.seconds}
 
     def branch(self, name: str | None = None, n: int = 1, *, step: int | None = None,
-               wait_live: bool = False) -> list[DrumsDesktopEnv]:
+               wait_live: bool = False) -> list[Self]:
         """``n`` new envs on sibling desktops restored at once from state ``name``, or from ``step``
         of this episode's recorded trajectory (``record_steps=True``), mid-episode.
 
@@ -117,7 +117,7 @@ class Branching:
 
     @classmethod
     def branch_from(cls, state: str, n: int, *, task: Any, wait_live: bool = False,
-                    **kwargs: Any) -> list[DrumsDesktopEnv]:
+                    **kwargs: Any) -> list[Self]:
         """``n`` envs restored from a snapshot saved elsewhere (name or id), running ``task``.
 
         ``kwargs`` are the constructor's. The snapshot is not this process's: it is never deleted
@@ -138,14 +138,14 @@ class Branching:
         self._origin = state
         return state
 
-    def _branch(self, state: SavedState, n: int, wait_live: bool = False) -> list[DrumsDesktopEnv]:
+    def _branch(self, state: SavedState, n: int, wait_live: bool = False) -> list[Self]:
         if not isinstance(n, int) or n < 1:
             raise ValueError("n must be a positive number of branches")
         family = self._ensure_family()
         t = time.monotonic()
         restored = desktops.restore(self.client, state.snapshot, n, wait_live)
         seconds = time.monotonic() - t
-        envs: list[DrumsDesktopEnv] = []
+        envs: list[Self] = []
         try:
             for desktop in restored:
                 kwargs = dict(self._ezpickle_kwargs)

@@ -173,3 +173,83 @@ def test_the_guest_package_imports_in_a_bare_python():
     code = "import drums_osworld.guest, drums_osworld.guest.a11y_guard; print('ok')"
     out = _python(code, path=[str(REPO)], bare=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def _import_graph(packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """file -> files it imports (checkout-relative paths), for every module of ``packages``: an import
+    of a package leads to its ``__init__``, ``from pkg import name`` to ``pkg/name`` when that is a
+    module; imports for type checking only count too (a circle is a circle to a reader)."""
+    def target(module: str) -> str | None:
+        base = REPO.joinpath(*module.split("."))
+        for p in (base.with_suffix(".py"), base / "__init__.py"):
+            if p.is_file():
+                return str(p.relative_to(REPO))
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for package in packages:
+        for path in sorted((REPO / package).rglob("*.py")):
+            here = str(path.relative_to(REPO))
+            parts = list(path.relative_to(REPO).parts[:-1])
+            edges = graph.setdefault(here, set())
+            for node in ast.walk(ast.parse(path.read_text(), here)):
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    mod = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else [])) \
+                        if node.level else (node.module or "")
+                    subs = [f"{mod}.{a.name}" for a in node.names if target(f"{mod}.{a.name}")]
+                    names = subs if subs and len(subs) == len(node.names) else [mod, *subs]
+                for name in names:
+                    if name.split(".")[0] in packages and (t := target(name)) and t != here:
+                        edges.add(t)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    """No file of drums_core or drums_osworld reaches itself through imports, type-checking ones included
+    (the two of an earlier layout: farm/pool <-> farm/scheduler, gym/branching <-> gym/env)."""
+    graph = _import_graph(("drums_core", "drums_osworld"))
+    assert len(graph) > 150, len(graph)
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _circles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [["a.py", "b.py",
+                                                                                                      "c.py"]]
