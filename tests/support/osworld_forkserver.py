@@ -70,7 +70,10 @@ class ForkServer:
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
                 conn.settimeout(30)
-                conn.recv(4096)
+                try:
+                    conn.recv(4096)  # reaped
+                except TimeoutError:
+                    pass
                 out.seek(0)
                 err.seek(0)
                 raise subprocess.TimeoutExpired([self.python, script, *argv], timeout, out.read(), err.read()) from None

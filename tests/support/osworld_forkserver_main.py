@@ -27,9 +27,9 @@ from typing import NoReturn
 PRELOAD = ("json", "logging", "requests", "drums_osworld", "desktop_env.desktop_env")
 
 
-def _child(conn: socket.socket, listener: socket.socket, req: dict, fds: list[int]) -> NoReturn:
-    listener.close()
-    conn.close()
+def _child(sockets: list[socket.socket], req: dict, fds: list[int]) -> NoReturn:
+    for sock in sockets:  # the server's: its listener and every request's connection (no snippet keeps one)
+        sock.close()
     for i, fd in enumerate(fds):
         os.dup2(fd, i)
         os.close(fd)
@@ -94,7 +94,7 @@ def serve(path: str) -> int:
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 pid = os.fork()
                 if pid == 0:
-                    _child(conn, listener, json.loads(msg), fds)  # never returns
+                    _child([listener, conn, *running.values()], json.loads(msg), fds)  # never returns
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(json.dumps({"pid": pid}).encode())
