@@ -12,6 +12,7 @@ process of their own, as before. The server ends with the test process (its stdi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -66,23 +67,21 @@ class ForkServer:
             pid = json.loads(conn.recv(4096))["pid"]
             conn.settimeout(timeout)
             try:
-                reply = conn.recv(4096)
+                reply: bytes | None = conn.recv(4096)
             except TimeoutError:
+                reply = None
                 os.kill(pid, signal.SIGKILL)
                 conn.settimeout(30)
-                try:
+                with contextlib.suppress(TimeoutError):
                     conn.recv(4096)  # reaped
-                except TimeoutError:
-                    pass
-                out.seek(0)
-                err.seek(0)
-                raise subprocess.TimeoutExpired([self.python, script, *argv], timeout, out.read(), err.read()) from None
-            if not reply:
-                raise ForkServerError(f"the OSWorld fork server went away while pid {pid} ran {script}")
-            rc = json.loads(reply)["returncode"]
             out.seek(0)
             err.seek(0)
-            return subprocess.CompletedProcess([self.python, script, *argv], rc, out.read(), err.read())
+            cmd, stdout, stderr = [self.python, script, *argv], out.read(), err.read()
+            if reply is None:
+                raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+            if not reply:
+                raise ForkServerError(f"the OSWorld fork server went away while pid {pid} ran {script}")
+            return subprocess.CompletedProcess(cmd, json.loads(reply)["returncode"], stdout, stderr)
 
     def close(self) -> None:
         if self.proc.stdin is not None:
